@@ -1,0 +1,1 @@
+"""The RL math: advantages and losses as pure functions over tensors, no I/O."""
