@@ -1,0 +1,78 @@
+"""Recipe validation: typed fields, misspelt knobs, JSON kwargs, what the local backend refuses."""
+
+import pytest
+from pydantic import ValidationError
+
+from palaestra.recipes import (
+    Recipe,
+    RecipeNotRunnableError,
+    SmolLM2_135M_Recipe,
+    check_runnable_here,
+)
+
+
+async def reward(args, sample, **kwargs):
+    return 0.0
+
+
+def test_misspelt_field_is_an_error_naming_it():
+    with pytest.raises(ValidationError) as error:
+        SmolLM2_135M_Recipe(num_rollouts=3)
+    assert "num_rollouts" in str(error.value)
+    assert "Extra inputs are not permitted" in str(error.value)
+
+
+def test_chat_template_kwargs_as_json_string_or_dict():
+    assert Recipe(
+        apply_chat_template_kwargs='{"enable_thinking": false}'
+    ).apply_chat_template_kwargs == {"enable_thinking": False}
+    assert Recipe(apply_chat_template_kwargs={"a": 1}).apply_chat_template_kwargs == {"a": 1}
+    with pytest.raises(ValidationError, match="apply_chat_template_kwargs"):
+        Recipe(apply_chat_template_kwargs="{enable_thinking: false}")
+    with pytest.raises(ValidationError, match="must be a JSON object"):
+        Recipe(apply_chat_template_kwargs="[1, 2]")
+
+
+def test_values_are_checked():
+    with pytest.raises(ValidationError, match="n_samples_per_prompt"):
+        Recipe(n_samples_per_prompt=0)
+    with pytest.raises(ValidationError, match="eps_clip must be below 1"):
+        Recipe(eps_clip=1.5)
+    with pytest.raises(ValidationError, match="module:function"):
+        Recipe(custom_rm_function="my_reward")
+    assert Recipe(eps_clip=0.2).clip_high == 0.2
+    assert Recipe(eps_clip=0.2, eps_clip_high=0.28).clip_high == 0.28
+
+
+def test_preset_defaults_and_docs():
+    recipe = SmolLM2_135M_Recipe(num_rollout=3)
+    assert (recipe.num_rollout, recipe.rollout_batch_size, recipe.n_samples_per_prompt) == (3, 4, 8)
+    assert recipe.rollout_num_gpus == 0
+    assert "Prompts per step" in Recipe.model_fields["rollout_batch_size"].description
+
+
+def test_more_gpus_than_the_machine_has(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(RecipeNotRunnableError, match="rollout_num_gpus=8, but this machine has 0"):
+        check_runnable_here(Recipe(rollout_num_gpus=8, custom_rm_function=reward))
+    check_runnable_here(Recipe(rollout_num_gpus=0, custom_rm_function=reward))
+
+
+def test_image_overlay_is_refused_with_the_reason():
+    recipe = Recipe(custom_rm_function=reward, image_overlay=lambda image: image)
+    with pytest.raises(RecipeNotRunnableError, match="cloud container image"):
+        check_runnable_here(recipe)
+
+
+def test_a_reward_is_required():
+    with pytest.raises(RecipeNotRunnableError, match="custom_rm_function is not set"):
+        check_runnable_here(Recipe())
+
+
+def test_json_form_names_the_reward():
+    data = Recipe(custom_rm_function=reward).to_json_dict()
+    assert data["custom_rm_function"] == f"{__name__}:reward"
+    assert data["class"] == "Recipe"
+    assert "image_overlay" not in data
