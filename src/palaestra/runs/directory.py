@@ -1,0 +1,164 @@
+"""The run directory: the files a run writes and every other tool reads.
+
+    <home>/runs/<run_id>/
+      config.json      the resolved TrainConfig
+      config.pkl       the TrainConfig by value (cloudpickle), for the training process
+      status.json      state, step, pid, error (replaced atomically)
+      metrics.jsonl    one object per step
+      samples.jsonl    every sample of every step
+      train.log        the training process's stdout and stderr
+      checkpoints/step_000010/   HF-format weights + trainer_state.pt
+
+A checkpoint directory appears under its final name only once complete (written under a
+hidden temporary name, flushed, then renamed), so a listed checkpoint is never half written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATES = ("pending", "running", "completed", "failed", "stopped")
+FINAL_STATES = ("completed", "failed", "stopped")
+CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON so that readers see the old or the new file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete lines of a JSON Lines file; a last line cut short by a crash is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass(frozen=True)
+class RunDirectory:
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / "train.log"
+
+    # status.json -------------------------------------------------------------------------
+
+    def read_status(self) -> dict[str, Any]:
+        """The run's status. A run whose process died without saying so reads as failed."""
+        try:
+            status = json.loads((self.path / "status.json").read_text())
+        except FileNotFoundError:
+            status = {"state": "pending", "step": 0}
+        if status.get("state") in ("pending", "running") and status.get("pid"):
+            if not pid_alive(status["pid"]):
+                status = {
+                    **status,
+                    "state": "failed",
+                    "error": status.get("error")
+                    or f"the training process (pid {status['pid']}) exited without reporting; "
+                    f"see {self.log_path}",
+                }
+        return status
+
+    def update_status(self, **fields: Any) -> dict[str, Any]:
+        """Merge ``fields`` into status.json. The launcher and the training process both write
+        it, so the read-merge-replace happens under a lock; readers need none (os.replace)."""
+        with open(self.path / ".status.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                status = json.loads((self.path / "status.json").read_text())
+            except FileNotFoundError:
+                status = {}
+            status.update(fields, updated_at=time.time())
+            write_json_atomic(self.path / "status.json", status)
+        return status
+
+    # metrics.jsonl and samples.jsonl ---------------------------------------------------------
+
+    def append_jsonl(self, name: str, rows: list[dict]) -> None:
+        with open(self.path / name, "a") as handle:
+            handle.write("".join(json.dumps(row, default=str) + "\n" for row in rows))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def truncate_after_step(self, name: str, step: int) -> None:
+        """Drop rows past ``step`` (written after the checkpoint a resumed run restarts from)."""
+        path = self.path / name
+        if path.is_file():
+            kept = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
+            text = "".join(json.dumps(row) + "\n" for row in kept)
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{name}-", dir=self.path)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.path / "metrics.jsonl")
+
+    def samples(self, step: int | None = None) -> list[dict]:
+        rows = read_jsonl(self.path / "samples.jsonl")
+        return rows if step is None else [row for row in rows if row.get("step") == step]
+
+    # checkpoints ------------------------------------------------------------------------------
+
+    def checkpoint_paths(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints as ``(step, path)``, sorted by step."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = []
+        for child in self.checkpoints_dir.iterdir():
+            match = CHECKPOINT_NAME.match(child.name)
+            if match and child.is_dir() and (child / "trainer_state.pt").is_file():
+                found.append((int(match.group(1)), child))
+        return sorted(found)

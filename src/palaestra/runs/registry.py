@@ -1,0 +1,38 @@
+"""The run registry: every run directory under ``<home>/runs``, visible to any process."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from pathlib import Path
+
+from palaestra.home import palaestra_home
+
+
+def runs_root(home: Path | None = None) -> Path:
+    root = (home or palaestra_home()) / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def new_run_id(name: str) -> str:
+    """``<name>-<UTC date-time>-<random>``: readable, sortable by start, unique across processes."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "run"
+    return f"{slug}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def run_directory(run_id: str, home: Path | None = None) -> Path:
+    path = runs_root(home) / run_id
+    if not (path / "config.json").is_file():
+        known = ", ".join(list_run_ids(home)[:5]) or "none"
+        raise KeyError(f"no run {run_id!r} under {runs_root(home)} (latest: {known})")
+    return path
+
+
+def list_run_ids(home: Path | None = None) -> list[str]:
+    """Run ids, newest first (by start time recorded in the directory's config)."""
+    root = runs_root(home)
+    runs = [p for p in root.iterdir() if (p / "config.json").is_file()]
+    runs.sort(key=lambda p: (p / "config.json").stat().st_mtime, reverse=True)
+    return [p.name for p in runs]

@@ -1,0 +1,60 @@
+"""The training process: ``python -m palaestra.runs.worker RUN_DIR [--resume]``.
+
+It loads the pickled TrainConfig from the run directory, trains, and records how it ended in
+status.json: completed, failed (with the error) or stopped (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import cloudpickle
+
+from palaestra.runs.directory import RunDirectory
+
+
+class StopRequested(BaseException):
+    """Raised in the training process by SIGTERM; BaseException so no handler swallows it."""
+
+
+def _request_stop(signum, frame) -> None:
+    raise StopRequested()
+
+
+def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
+    """Train ``run`` and record the outcome; never raises for a training error."""
+    from palaestra.train.loop import run_training
+
+    run.update_status(state="running", pid=os.getpid(), started_at=time.time(), error=None)
+    try:
+        if config is None:
+            config = cloudpickle.loads((run.path / "config.pkl").read_bytes())
+        run_training(config, run, resume=resume)
+    except (StopRequested, KeyboardInterrupt):
+        print("palaestra: stopped", flush=True)
+        run.update_status(state="stopped", finished_at=time.time())
+    except BaseException as error:
+        traceback.print_exc()
+        sys.stdout.flush()
+        run.update_status(
+            state="failed",
+            error=f"{type(error).__name__}: {error}",
+            traceback=traceback.format_exc(),
+            finished_at=time.time(),
+        )
+    else:
+        run.update_status(state="completed", finished_at=time.time())
+
+
+def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGTERM, _request_stop)
+    execute(RunDirectory(Path(argv[0])), resume="--resume" in argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1 @@
+"""Training: the config, the loop, the learner, batches and checkpoints."""

@@ -1,0 +1,90 @@
+"""TrainConfig: what to train (model, dataset, recipe, starting checkpoint) and how to start it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from palaestra.data import DatasetConfig
+from palaestra.models import ModelConfig
+from palaestra.recipes import Recipe, check_runnable_here
+from palaestra.runs.handles import Checkpoint
+
+if TYPE_CHECKING:
+    from palaestra.runs.handles import TrainingRun, TrainResult
+
+
+class TrainConfig(BaseModel):
+    """A training run, complete: ``launch()`` starts it in its own process, ``train()`` here."""
+
+    model_config = ConfigDict(
+        extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True
+    )
+
+    model: ModelConfig
+    """The model to train; its weights are the starting point unless ``checkpoint`` is set."""
+    dataset: DatasetConfig
+    """Prompts to train on."""
+    recipe: Recipe = Field(default_factory=Recipe)
+    """Every training knob; ``recipe.custom_rm_function`` is the reward."""
+    checkpoint: Checkpoint | Path | str | None = None
+    """Start from this checkpoint's weights and optimiser state; steps continue from its step.
+    A plain HF-format directory (no trainer state) gives the weights alone, from step 0."""
+    eval_dataset: DatasetConfig | None = None
+    """Scored every ``recipe.eval_interval`` steps, one sample per row."""
+    name: str | None = None
+    """Prefix of the run id; defaults to the model's name."""
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> TrainConfig:
+        if self.recipe.eval_interval is not None and self.eval_dataset is None:
+            raise ValueError("recipe.eval_interval is set but TrainConfig.eval_dataset is not")
+        return self
+
+    def checkpoint_path(self) -> Path | None:
+        if self.checkpoint is None:
+            return None
+        if isinstance(self.checkpoint, Checkpoint):
+            return self.checkpoint.path
+        return Path(self.checkpoint).expanduser()
+
+    def validate_here(self) -> None:
+        """Everything that can fail before training, checked in the caller's process: the
+        recipe against this machine, the dataset's columns, the model's and checkpoint's files."""
+        check_runnable_here(self.recipe)
+        for dataset in (self.dataset, self.eval_dataset):
+            if dataset is not None:
+                dataset.check_columns(dataset.load())
+        self.model.gguf_path()
+        path = self.checkpoint_path()
+        if path is not None and not (path / "config.json").is_file():
+            raise FileNotFoundError(f"checkpoint {path} is not an HF-format model directory")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The resolved config, as written to the run's ``config.json``."""
+        path = self.checkpoint_path()
+        return {
+            "model": self.model.model_dump() | {"class": type(self.model).__name__},
+            "dataset": self.dataset.to_dict(),
+            "eval_dataset": self.eval_dataset.to_dict() if self.eval_dataset else None,
+            "recipe": self.recipe.to_json_dict(),
+            "checkpoint": str(path) if path else None,
+            "name": self.name,
+        }
+
+    def launch(self, show_output: bool = False) -> TrainingRun:
+        """Start training in a separate process and return its handle at once.
+
+        With ``show_output`` the run's step lines are printed while ``result()`` waits.
+        """
+        from palaestra.runs.launch import launch
+
+        return launch(self, show_output=show_output)
+
+    def train(self) -> TrainResult:
+        """Train in this process and return when done; raises if the run fails."""
+        from palaestra.runs.launch import train_here
+
+        return train_here(self)
