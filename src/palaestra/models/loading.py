@@ -51,6 +51,7 @@ def convert_gguf(gguf: Path, name: str) -> Path:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         fsync_tree(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

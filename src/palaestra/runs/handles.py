@@ -164,9 +164,9 @@ class TrainingRun(_RunView):
     def resume(self, show_output: bool = False) -> TrainingRun:
         """Continue a failed or stopped run in place from its latest checkpoint, to the step
         it was launched to reach."""
-        if not self.done():
+        if self.status not in ("failed", "stopped"):
             raise RuntimeError(
-                f"run {self.training_run_id} is {self.status}; only an ended run resumes"
+                f"run {self.training_run_id} is {self.status}; only a failed or stopped run resumes"
             )
         from palaestra.runs.launch import spawn_worker
 

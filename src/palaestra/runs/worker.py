@@ -53,6 +53,9 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _request_stop)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # per-tensor loading bars would bury the step lines in train.log
     execute(RunDirectory(Path(argv[0])), resume="--resume" in argv[1:])
 
 

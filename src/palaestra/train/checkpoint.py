@@ -38,6 +38,7 @@ def save_checkpoint(
         (staging / "palaestra.json").write_text(json.dumps({**info, "step": step}, indent=2))
         torch.save(trainer_state, staging / "trainer_state.pt")
         fsync_tree(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         if final.exists():  # a resumed run re-saving a step it had reached before
             shutil.rmtree(final)
         os.replace(staging, final)
