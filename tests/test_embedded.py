@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from palaestra import HuggingFaceDataset, SmolLM2_135M, SmolLM2_135M_Recipe, TrainConfig, builtin_dataset
+from palaestra import (
+    HuggingFaceDataset,
+    SmolLM2_135M,
+    SmolLM2_135M_Recipe,
+    TrainConfig,
+    builtin_dataset,
+)
 from palaestra.rewards.haiku import score_haiku
 
 pytestmark = pytest.mark.embedded
@@ -58,8 +64,9 @@ def test_gguf_converts_once_into_a_plain_hf_directory(home):
         add_generation_prompt=True,
     )
     assert prompt.endswith("<|im_start|>assistant\n")
-    output = loaded.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=12,
-                             do_sample=False)
+    output = loaded.generate(
+        **tokenizer(prompt, return_tensors="pt"), max_new_tokens=12, do_sample=False
+    )
     text = tokenizer.decode(output[0], skip_special_tokens=True)
     assert len(text) > len("Write a haiku about rain.") + 10
 

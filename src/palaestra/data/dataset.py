@@ -19,10 +19,10 @@ import json
 import os
 import re
 import string
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
+from palaestra.atomic import write_bytes_atomic
 from palaestra.data.splits import (
     DATA_SUFFIXES,
     DatasetError,
@@ -254,7 +254,7 @@ class DatasetConfig:
         self.check_columns(rows)
         prompts = [self._prompt(i, row, tokenizer, kwargs) for i, row in enumerate(rows)]
         if cached is not None:
-            _write_atomic(cached, _encode_prompts(prompts, self.output_format))
+            write_bytes_atomic(cached, _encode_prompts(prompts, self.output_format))
         return prompts
 
     def _prompt(self, i: int, row: dict[str, Any], tokenizer: Any, kwargs: dict) -> Prompt:
@@ -431,18 +431,3 @@ def _read_prompts(path: Path) -> list[Prompt]:
         return [Prompt(**{**r, **{k: json.loads(r[k]) for k in _JSON_FIELDS}}) for r in rows]
     lines = path.read_text(encoding="utf-8").splitlines()
     return [Prompt(**json.loads(line)) for line in lines if line]
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file, fsync, rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from palaestra.atomic import fsync_tree
 from palaestra.home import palaestra_home
 
 
@@ -62,19 +63,6 @@ def convert_gguf(gguf: Path, name: str) -> Path:
         flush=True,
     )
     return target
-
-
-def fsync_tree(folder: Path) -> None:
-    """Flush every file under ``folder`` and the folder itself to disk."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def load_tokenizer(path: str, chat_template: str | None = None, revision: str | None = None):

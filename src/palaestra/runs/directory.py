@@ -19,30 +19,16 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.atomic import write_bytes_atomic, write_json_atomic
+
 STATES = ("pending", "running", "completed", "failed", "stopped")
 FINAL_STATES = ("completed", "failed", "stopped")
 CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})$")
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace ``path`` with ``data`` as JSON so that readers see the old or the new file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(data, handle, indent=2, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -136,12 +122,7 @@ class RunDirectory:
         if path.is_file():
             kept = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
             text = "".join(json.dumps(row) + "\n" for row in kept)
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{name}-", dir=self.path)
-            with os.fdopen(descriptor, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
+            write_bytes_atomic(path, text.encode())
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.path / "metrics.jsonl")

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import cloudpickle
 
-from palaestra.runs.directory import RunDirectory, write_json_atomic
+from palaestra.atomic import write_json_atomic
+from palaestra.runs.directory import RunDirectory
 from palaestra.runs.handles import TrainingRun, TrainResult
 from palaestra.runs.registry import new_run_id, runs_root
 

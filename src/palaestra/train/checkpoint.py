@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from palaestra.models.loading import fsync_tree
+from palaestra.atomic import fsync_folder, fsync_tree
 
 
 def save_checkpoint(
@@ -42,11 +42,7 @@ def save_checkpoint(
         if final.exists():  # a resumed run re-saving a step it had reached before
             shutil.rmtree(final)
         os.replace(staging, final)
-        descriptor = os.open(checkpoints_dir, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        fsync_folder(checkpoints_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
