@@ -142,6 +142,8 @@ def test_launch_returns_at_once_and_from_id_reattaches(home, tiny_model_dir, pro
     assert [m["step"] for m in result.metrics()] == [1, 2]
     assert run.done() and run.status == "completed"
     assert list_run_ids() == [run.training_run_id]
+    assert [r.training_run_id for r in TrainingRun.list(status="completed")] == [run.training_run_id]
+    assert TrainingRun.list(status="running") == []
 
 
 def test_continue_from_checkpoint_numbers_steps_after_it(home, tiny_model_dir, prompts_file):

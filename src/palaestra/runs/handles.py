@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.runs.directory import FINAL_STATES, RunDirectory, pid_alive
-from palaestra.runs.registry import run_directory
+from palaestra.runs.registry import list_run_ids, run_directory
 
 
 class RunFailedError(RuntimeError):
@@ -99,6 +99,12 @@ class TrainingRun(_RunView):
     @classmethod
     def from_id(cls, run_id: str, home: Path | None = None) -> TrainingRun:
         return cls(RunDirectory(run_directory(run_id, home)))
+
+    @classmethod
+    def list(cls, status: str | None = None, home: Path | None = None) -> list[TrainingRun]:
+        """Every run in the registry, newest first; ``status`` keeps only runs in that state."""
+        runs = [cls.from_id(run_id, home) for run_id in list_run_ids(home)]
+        return [run for run in runs if status is None or run.status == status]
 
     def __repr__(self) -> str:
         return f"TrainingRun({self.training_run_id!r}, status={self.status!r})"
