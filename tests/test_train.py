@@ -142,7 +142,9 @@ def test_launch_returns_at_once_and_from_id_reattaches(home, tiny_model_dir, pro
     assert [m["step"] for m in result.metrics()] == [1, 2]
     assert run.done() and run.status == "completed"
     assert list_run_ids() == [run.training_run_id]
-    assert [r.training_run_id for r in TrainingRun.list(status="completed")] == [run.training_run_id]
+    assert [r.training_run_id for r in TrainingRun.list(status="completed")] == [
+        run.training_run_id
+    ]
     assert TrainingRun.list(status="running") == []
 
 
@@ -269,3 +271,27 @@ def test_reward_defined_in_a_scripts_main_reaches_the_training_process(
     (run_id,) = list_run_ids()
     samples = TrainingRun.from_id(run_id).samples()
     assert [s["reward"] for s in samples] == [0.5 + len(s["response"]) for s in samples]
+
+
+def test_eval_dataset_is_scored_every_eval_interval(home, tiny_model_dir, prompts_file):
+    base = make_config(tiny_model_dir, prompts_file, num_rollout=2)
+    eval_dataset = LocalDataset(
+        path=str(prompts_file),
+        hf_split="train[:3]",
+        input_column="topic",
+        prompt_template="Say {input}",
+    )
+    recipe = base.recipe.model_copy(update={"eval_interval": 2})
+    config = TrainConfig(
+        model=base.model, dataset=base.dataset, recipe=recipe, eval_dataset=eval_dataset
+    )
+    result = config.train()
+    first, second = result.metrics()
+    assert "eval_reward_mean" not in first
+    # One sample per eval row, scored by the training reward (lowercase letters, at most 8).
+    assert 0 <= second["eval_reward_mean"] <= 8
+
+
+def test_eval_interval_needs_an_eval_dataset(tiny_model_dir, prompts_file):
+    with pytest.raises(ValueError, match="eval_interval is set but TrainConfig.eval_dataset"):
+        make_config(tiny_model_dir, prompts_file, eval_interval=1)

@@ -92,3 +92,16 @@ class TrainBatch:
     """
     advantages_B: torch.Tensor
     """One advantage per sequence, broadcast over its response tokens."""
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids_B_T,
+                    self.attention_mask_B_T,
+                    self.mask_B_T,
+                    self.advantages_B,
+                )
+            )
+        )

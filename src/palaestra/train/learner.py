@@ -31,7 +31,9 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         num_tokens = float(batch.mask_B_T.sum().clamp(min=1))
         loss_sum = clipped = entropy_sum = 0.0
+        device = next(self.model.parameters()).device
         for micro in micro_batches(batch, recipe.train_micro_batch_size):
+            micro = micro.to(device)
             logits_B_T_V = self.model(
                 input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
             ).logits
