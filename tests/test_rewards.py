@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from palaestra.rewards import RewardError, resolve_reward, score_samples
+from palaestra.rewards import RewardError, RewardScorer, resolve_reward, score_samples
 from palaestra.rewards.haiku import count_syllables, score_haiku
 from palaestra.types import Sample
 
@@ -78,6 +78,45 @@ def test_timeout_fails_the_sample():
 
     with pytest.raises(RewardError, match="timed out after 0.2 s"):
         score_samples(reward, None, _samples(["x"]), timeout=0.2)
+
+
+def test_hung_plain_reward_fails_at_the_timeout_without_waiting_for_its_thread():
+    def reward(args, sample):
+        time.sleep(3)
+        return 0.0
+
+    started = time.monotonic()
+    with pytest.raises(RewardError, match="timed out after 0.2 s"):
+        score_samples(reward, None, _samples(["x"]), timeout=0.2)
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_rewards_own_timeout_error_is_not_called_ours():
+    async def reward(args, sample):
+        raise TimeoutError("judge did not answer")
+
+    with pytest.raises(RewardError, match="raised TimeoutError: judge did not answer"):
+        score_samples(reward, None, _samples(["x"]), timeout=30)
+
+
+def test_async_state_survives_from_one_step_to_the_next():
+    state = {}
+
+    async def reward(args, sample):
+        # A loop-bound object made at the first step, used again later, as an HTTP client is.
+        lock = state.setdefault("lock", asyncio.Lock())
+        async with lock:
+            return 1.0
+
+    with RewardScorer(reward, None) as scorer:
+        assert scorer.score(_samples(["a", "b"])) == [1.0, 1.0]
+        assert scorer.score(_samples(["c"])) == [1.0]
+
+
+def test_eval_context_appears_in_errors():
+    with RewardScorer(lambda args, sample: "bad", None) as scorer:
+        with pytest.raises(RewardError, match="on eval sample 0 of prompt 7"):
+            scorer.score(_samples(["x"]), context="eval ")
 
 
 def test_resolve_reward_by_name():

@@ -12,6 +12,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from palaestra.types import Sample
@@ -39,64 +40,98 @@ def resolve_reward(reward: RewardFn | str) -> RewardFn:
     return target
 
 
-def _describe(sample: Sample, reward: RewardFn) -> str:
-    name = getattr(reward, "__qualname__", repr(reward))
+def _describe(sample: Sample, reward: RewardFn, context: str = "") -> str:
+    name = getattr(reward, "__qualname__", type(reward).__qualname__)
     response = sample.response if len(sample.response) <= 2000 else sample.response[:2000] + "..."
     return (
-        f"reward function {name} on sample {sample.group_index} of prompt {sample.index} "
-        f"(step {sample.step})\nresponse: {response!r}"
+        f"reward function {name} on {context}sample {sample.group_index} of prompt "
+        f"{sample.index} (step {sample.step})\nresponse: {response!r}"
     )
 
 
-def check_reward(value: Any, sample: Sample, reward: RewardFn) -> float:
+def check_reward(value: Any, sample: Sample, reward: RewardFn, context: str = "") -> float:
     """``value`` as a float, or a RewardError if it is not a finite real number."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RewardError(
-            f"{_describe(sample, reward)}\nreturned {value!r} ({type(value).__name__}); "
-            "a reward must be a real number"
+            f"{_describe(sample, reward, context)}\nreturned {value!r} "
+            f"({type(value).__name__}); a reward must be a real number"
         )
     if not math.isfinite(float(value)):
         raise RewardError(
-            f"{_describe(sample, reward)}\nreturned {value!r}; a reward must be finite"
+            f"{_describe(sample, reward, context)}\nreturned {value!r}; a reward must be finite"
         )
     return float(value)
 
 
-async def _score_one(reward: RewardFn, args: Any, sample: Sample, timeout: float | None) -> float:
-    try:
-        if inspect.iscoroutinefunction(reward):
-            pending = reward(args, sample)
-        else:
-            # A plain function runs in a worker thread so slow ones (an HTTP call) overlap.
-            pending = asyncio.to_thread(reward, args, sample)
-        value = await asyncio.wait_for(pending, timeout)
-        if inspect.isawaitable(value):  # a plain def that returned a coroutine
-            value = await asyncio.wait_for(value, timeout)
-    except TimeoutError as error:
-        raise RewardError(f"{_describe(sample, reward)}\ntimed out after {timeout} s") from error
-    except RewardError:
-        raise
-    except Exception as error:
-        raise RewardError(
-            f"{_describe(sample, reward)}\nraised {type(error).__name__}: {error}"
-        ) from error
-    return check_reward(value, sample, reward)
+class RewardScorer:
+    """Scores samples with one reward function, for the length of a run.
 
+    One event loop serves every step, so an async reward may keep loop-bound state (an HTTP
+    client, a lock) from one step to the next. Plain functions run on the scorer's own threads
+    so slow ones overlap; when a reward fails or times out the scorer abandons those threads
+    instead of waiting for them, since a hung thread cannot be killed.
+    """
 
-async def score_samples_async(
-    reward: RewardFn, args: Any, samples: Sequence[Sample], timeout: float | None = None
-) -> list[float]:
-    """Rewards of ``samples`` in order, computed concurrently."""
-    tasks = [asyncio.ensure_future(_score_one(reward, args, s, timeout)) for s in samples]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
+    def __init__(
+        self, reward: RewardFn | str, args: Any, timeout: float | None = None, threads: int = 32
+    ) -> None:
+        self.reward = resolve_reward(reward)
+        self.args = args
+        self.timeout = timeout
+        self._runner = asyncio.Runner()
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="palaestra-reward")
+
+    def score(self, samples: Sequence[Sample], context: str = "") -> list[float]:
+        """Rewards of ``samples`` in order, computed concurrently. ``context`` prefixes the
+        sample's description in errors (``"eval "``)."""
+        try:
+            return self._runner.run(self._score_all(samples, context))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._runner.close()
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def _score_all(self, samples: Sequence[Sample], context: str) -> list[float]:
+        tasks = [asyncio.ensure_future(self._score_one(s, context)) for s in samples]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _score_one(self, sample: Sample, context: str) -> float:
+        reward = self.reward
+        deadline = asyncio.timeout(self.timeout)
+        try:
+            async with deadline:
+                if inspect.iscoroutinefunction(reward):
+                    value = await reward(self.args, sample)
+                else:
+                    loop = asyncio.get_running_loop()
+                    value = await loop.run_in_executor(self._threads, reward, self.args, sample)
+                if inspect.isawaitable(value):  # e.g. a partial of an async function
+                    value = await value
+        except Exception as error:
+            if isinstance(error, TimeoutError) and deadline.expired():
+                message = f"timed out after {self.timeout} s"
+            else:
+                message = f"raised {type(error).__name__}: {error}"
+            raise RewardError(f"{_describe(sample, reward, context)}\n{message}") from error
+        return check_reward(value, sample, reward, context)
 
 
 def score_samples(
-    reward: RewardFn, args: Any, samples: Sequence[Sample], timeout: float | None = None
+    reward: RewardFn | str, args: Any, samples: Sequence[Sample], timeout: float | None = None
 ) -> list[float]:
-    """Blocking form of :func:`score_samples_async`, for the training loop."""
-    return asyncio.run(score_samples_async(reward, args, samples, timeout))
+    """Score one batch of samples with a scorer made for the occasion."""
+    with RewardScorer(reward, args, timeout) as scorer:
+        return scorer.score(samples)
