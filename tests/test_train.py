@@ -157,8 +157,11 @@ def test_continue_from_checkpoint_numbers_steps_after_it(home, tiny_model_dir, p
     assert [m["step"] for m in second.metrics()] == [3, 4]
     assert [c.step for c in second.checkpoints()] == [4]
     state = torch.load(second.checkpoints()[-1].path / "trainer_state.pt", weights_only=False)
-    # The data cursor continued too: 4 steps x 2 prompts.
+    # The data cursor continued too: 4 steps x 2 prompts; Adam's moments were carried over,
+    # so its own step count is 4, not 2.
     assert (state["step"], state["cursor"]) == (4, 8)
+    adam_steps = {float(v["step"]) for v in state["learner"]["optimizer"]["state"].values()}
+    assert adam_steps == {4.0}
     assert json.loads((second.path / "config.json").read_text())["checkpoint"] == str(
         checkpoint.path
     )
@@ -295,3 +298,44 @@ def test_eval_dataset_is_scored_every_eval_interval(home, tiny_model_dir, prompt
 def test_eval_interval_needs_an_eval_dataset(tiny_model_dir, prompts_file):
     with pytest.raises(ValueError, match="eval_interval is set but TrainConfig.eval_dataset"):
         make_config(tiny_model_dir, prompts_file, eval_interval=1)
+
+
+def test_stopped_run_resumes_to_its_target_and_only_once(home, tiny_model_dir, prompts_file):
+    run = make_config(
+        tiny_model_dir, prompts_file, num_rollout=4, save_interval=1, reward=slow_after_step_2
+    ).launch()
+    wait_for(lambda: run.status_info().get("step", 0) >= 2, what="step 2")
+    run.stop()
+    assert run.status == "stopped"
+    resumed = run.resume()
+    with pytest.raises(ValueError, match="not failed or stopped"):
+        run.resume()  # claimed already: no second process on the same run
+    resumed.result(timeout=120)
+    assert [m["step"] for m in resumed.metrics()] == [1, 2, 3, 4]
+    assert resumed.status_info().get("error") is None
+
+
+def test_crash_between_saving_and_logging_loses_no_step(
+    home, tiny_model_dir, prompts_file, monkeypatch
+):
+    from palaestra.runs.directory import RunDirectory
+
+    real_append = RunDirectory.append_jsonl
+
+    def append_that_dies_at_step_2(self, name, rows):
+        if name == "metrics.jsonl" and rows[0]["step"] == 2:
+            raise KeyboardInterrupt  # as if killed right after the step-2 checkpoint landed
+        return real_append(self, name, rows)
+
+    monkeypatch.setattr(RunDirectory, "append_jsonl", append_that_dies_at_step_2)
+    with pytest.raises(Exception, match="stopped"):
+        make_config(tiny_model_dir, prompts_file, num_rollout=3, save_interval=1).train()
+    monkeypatch.setattr(RunDirectory, "append_jsonl", real_append)
+    (run_id,) = list_run_ids()
+    run = TrainingRun.from_id(run_id)
+    assert [m["step"] for m in run.metrics()] == [1]
+    assert [c.step for c in run.checkpoints()] == [1, 2]
+    run.resume().result(timeout=120)
+    assert [m["step"] for m in run.metrics()] == [1, 2, 3]
+    assert sorted({s["step"] for s in run.samples()}) == [1, 2, 3]
+    assert len(run.samples()) == 3 * 2 * 4

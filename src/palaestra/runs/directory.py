@@ -95,15 +95,23 @@ class RunDirectory:
                 }
         return status
 
-    def update_status(self, **fields: Any) -> dict[str, Any]:
+    def update_status(self, expect: tuple[str, ...] | None = None, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into status.json. The launcher and the training process both write
-        it, so the read-merge-replace happens under a lock; readers need none (os.replace)."""
+        it, so the read-merge-replace happens under a lock; readers need none (os.replace).
+
+        With ``expect``, the update happens only if the run's state (as ``read_status`` sees it)
+        is one of those, else ValueError: a compare-and-set for claiming a run.
+        """
         with open(self.path / ".status.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 status = json.loads((self.path / "status.json").read_text())
             except FileNotFoundError:
                 status = {}
+            if expect is not None and self.read_status()["state"] not in expect:
+                raise ValueError(
+                    f"run {self.run_id} is {self.read_status()['state']}, not {' or '.join(expect)}"
+                )
             status.update(fields, updated_at=time.time())
             write_json_atomic(self.path / "status.json", status)
         return status

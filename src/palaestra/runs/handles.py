@@ -90,11 +90,12 @@ class TrainingRun(_RunView):
         run: RunDirectory,
         process: subprocess.Popen | None = None,
         show_output: bool = False,
+        log_offset: int = 0,
     ) -> None:
         super().__init__(run)
         self._process = process
         self._show_output = show_output
-        self._log_offset = 0
+        self._log_offset = log_offset
 
     @classmethod
     def from_id(cls, run_id: str, home: Path | None = None) -> TrainingRun:
@@ -158,22 +159,29 @@ class TrainingRun(_RunView):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.status_info()["state"] not in FINAL_STATES:
             time.sleep(0.2)
-        if self.status_info()["state"] not in FINAL_STATES or pid_alive(pid):
+        if self.status_info()["state"] in FINAL_STATES and self._run_file_state() in FINAL_STATES:
+            return  # it ended by itself (stopped, or completed just before the signal landed)
+        if pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             if self._process is not None:
                 self._process.wait()
+        # Killed, or gone before it could install its handler: record what the user asked for.
+        if self._run_file_state() not in FINAL_STATES:
             self._run.update_status(state="stopped", finished_at=time.time())
+
+    def _run_file_state(self) -> str | None:
+        """The state the run wrote itself, without the dead-process inference."""
+        try:
+            return json.loads((self.path / "status.json").read_text()).get("state")
+        except FileNotFoundError:
+            return None
 
     def resume(self, show_output: bool = False) -> TrainingRun:
         """Continue a failed or stopped run in place from its latest checkpoint, to the step
-        it was launched to reach."""
-        if self.status not in ("failed", "stopped"):
-            raise RuntimeError(
-                f"run {self.training_run_id} is {self.status}; only a failed or stopped run resumes"
-            )
+        it was launched to reach. Any other state is a ValueError."""
         from palaestra.runs.launch import spawn_worker
 
         return spawn_worker(self._run, resume=True, show_output=show_output)

@@ -22,11 +22,19 @@ if TYPE_CHECKING:
 def create_run(config: TrainConfig) -> RunDirectory:
     """Validate ``config`` here, where errors are easy to read, then write its run directory."""
     config.validate_here()
-    run = RunDirectory(runs_root() / new_run_id(config.name or config.model.name))
-    run.path.mkdir(parents=True)
     # cloudpickle ships functions defined in a script's __main__ or a notebook cell by value;
     # functions of importable modules go by name, found through the sys.path passed on below.
-    (run.path / "config.pkl").write_bytes(cloudpickle.dumps(config))
+    try:
+        pickled = cloudpickle.dumps(config)
+    except Exception as error:
+        raise TypeError(
+            f"cannot send this TrainConfig to the training process ({error}); a reward "
+            "(recipe.custom_rm_function) or dataset that holds a lock, an open file or a live "
+            "client must create it inside the function instead"
+        ) from error
+    run = RunDirectory(runs_root() / new_run_id(config.name or config.model.name))
+    run.path.mkdir(parents=True)
+    (run.path / "config.pkl").write_bytes(pickled)
     write_json_atomic(
         run.path / "config.json",
         {"run_id": run.run_id, "created_at": time.time(), **config.to_json_dict()},
@@ -36,6 +44,11 @@ def create_run(config: TrainConfig) -> RunDirectory:
 
 
 def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = False) -> TrainingRun:
+    """Start the training process for ``run``. Claims the run first (pending, old error cleared),
+    so a second resume of the same run fails instead of starting a second process."""
+    allowed = ("failed", "stopped") if resume else ("pending",)
+    run.update_status(expect=allowed, state="pending", pid=None, error=None, traceback=None)
+    log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
     command = [sys.executable, "-m", "palaestra.runs.worker", str(run.path)]
     if resume:
         command.append("--resume")
@@ -52,7 +65,7 @@ def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = Fa
             start_new_session=True,  # a Ctrl-C in the notebook does not kill training
         )
     run.update_status(pid=process.pid)
-    return TrainingRun(run, process, show_output=show_output)
+    return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
 
 
 def launch(config: TrainConfig, show_output: bool = False) -> TrainingRun:

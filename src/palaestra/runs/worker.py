@@ -30,7 +30,9 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     """Train ``run`` and record the outcome; never raises for a training error."""
     from palaestra.train.loop import run_training
 
-    run.update_status(state="running", pid=os.getpid(), started_at=time.time(), error=None)
+    run.update_status(
+        state="running", pid=os.getpid(), started_at=time.time(), error=None, traceback=None
+    )
     try:
         if config is None:
             config = cloudpickle.loads((run.path / "config.pkl").read_bytes())
@@ -57,6 +59,10 @@ def main(argv: list[str]) -> None:
 
     logging.disable_progress_bar()  # per-tensor loading bars would bury the step lines in train.log
     execute(RunDirectory(Path(argv[0])), resume="--resume" in argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter shutdown: it would join threads of a reward that hung, forever.
+    os._exit(0)
 
 
 if __name__ == "__main__":
