@@ -49,6 +49,13 @@ def test_preset_defaults_and_docs():
     assert (recipe.num_rollout, recipe.rollout_batch_size, recipe.n_samples_per_prompt) == (3, 4, 8)
     assert recipe.rollout_num_gpus == 0
     assert "Prompts per step" in Recipe.model_fields["rollout_batch_size"].description
+    # A preset's own defaults keep the base field's doc and checks.
+    assert recipe.rollout_max_response_len == 48
+    assert SmolLM2_135M_Recipe.model_fields["lr"].description == "AdamW learning rate."
+    for name, field in SmolLM2_135M_Recipe.model_fields.items():
+        assert field.description, name
+    with pytest.raises(ValidationError, match="rollout_max_response_len"):
+        SmolLM2_135M_Recipe(rollout_max_response_len=0)
 
 
 def test_more_gpus_than_the_machine_has(monkeypatch):

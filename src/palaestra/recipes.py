@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 
 class Recipe(BaseModel):
@@ -106,7 +107,9 @@ class Recipe(BaseModel):
         if reward is None or isinstance(reward, str):
             data["custom_rm_function"] = reward
         else:
-            data["custom_rm_function"] = f"{reward.__module__}:{reward.__qualname__}"
+            name = getattr(reward, "__qualname__", type(reward).__qualname__)
+            module = getattr(reward, "__module__", type(reward).__module__)
+            data["custom_rm_function"] = f"{module}:{name}"
         return data
 
 
@@ -141,26 +144,29 @@ def check_runnable_here(recipe: Recipe) -> None:
             "custom_rm_function is not set: GRPO needs a reward, e.g. "
             "custom_rm_function=my_reward with async def my_reward(args, sample, **kwargs) -> float"
         )
+    if isinstance(recipe.custom_rm_function, str):
+        from palaestra.rewards import resolve_reward
+
+        resolve_reward(recipe.custom_rm_function)  # a misspelt name fails here, not in the run
+
+
+def preset(name: str, default: Any) -> Any:
+    """``Recipe``'s field ``name`` with another default, keeping its checks and its doc."""
+    return FieldInfo.merge_field_infos(Recipe.model_fields[name], default=default)
 
 
 class SmolLM2_135M_Recipe(Recipe):
     """CPU-sized defaults for the embedded SmolLM2-135M-Instruct on a 2-core laptop."""
 
-    rollout_batch_size: int = Field(4, ge=1)
-    n_samples_per_prompt: int = Field(8, ge=1)
-    rollout_max_response_len: int = Field(48, ge=1)
-    lr: float = Field(2e-6, gt=0)
-    train_micro_batch_size: int = Field(16, ge=1)
+    rollout_max_response_len: int = preset("rollout_max_response_len", 48)
+    lr: float = preset("lr", 2e-6)
+    train_micro_batch_size: int = preset("train_micro_batch_size", 16)
 
 
 class Qwen3_5_4B_Recipe(Recipe):
     """Single-GPU defaults for Qwen3.5-4B."""
 
-    rollout_batch_size: int = Field(16, ge=1)
-    n_samples_per_prompt: int = Field(8, ge=1)
-    rollout_max_response_len: int = Field(1024, ge=1)
-    lr: float = Field(1e-6, gt=0)
-    reward_timeout_s: float | None = Field(300.0, gt=0)
-    """Seconds one reward call may take before the run fails naming the sample; None: no limit."""
-    rollout_num_gpus: int = Field(1, ge=0)
-    train_micro_batch_size: int = Field(4, ge=1)
+    rollout_batch_size: int = preset("rollout_batch_size", 16)
+    rollout_max_response_len: int = preset("rollout_max_response_len", 1024)
+    rollout_num_gpus: int = preset("rollout_num_gpus", 1)
+    train_micro_batch_size: int = preset("train_micro_batch_size", 4)

@@ -13,7 +13,7 @@ same data flattened, and ``mask_B_T`` marks the response tokens of each padded s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -94,14 +94,5 @@ class TrainBatch:
     """One advantage per sequence, broadcast over its response tokens."""
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(
-            *(
-                t.to(device)
-                for t in (
-                    self.input_ids_B_T,
-                    self.attention_mask_B_T,
-                    self.mask_B_T,
-                    self.advantages_B,
-                )
-            )
-        )
+        """The same batch with every tensor on ``device``."""
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})

@@ -58,9 +58,13 @@ def prompt_order(num_rows: int, seed: int, cursor: int, count: int) -> list[int]
     Each epoch is a fresh permutation seeded by ``(seed, epoch)``, so any position can be
     recomputed from the cursor alone: a resumed run continues exactly where it stopped.
     """
-    indices = []
-    for position in range(cursor, cursor + count):
+    indices: list[int] = []
+    position = cursor
+    while len(indices) < count:
         epoch, offset = divmod(position, num_rows)
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        indices.append(int(torch.randperm(num_rows, generator=generator)[offset]))
+        order = torch.randperm(num_rows, generator=generator).tolist()
+        taken = order[offset : offset + count - len(indices)]
+        indices += taken
+        position += len(taken)
     return indices

@@ -39,8 +39,6 @@ def save_checkpoint(
         torch.save(trainer_state, staging / "trainer_state.pt")
         fsync_tree(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-        if final.exists():  # a resumed run re-saving a step it had reached before
-            shutil.rmtree(final)
         os.replace(staging, final)
         fsync_folder(checkpoints_dir)
     except BaseException:

@@ -41,6 +41,11 @@ class TrainConfig(BaseModel):
     def _check_eval(self) -> TrainConfig:
         if self.recipe.eval_interval is not None and self.eval_dataset is None:
             raise ValueError("recipe.eval_interval is set but TrainConfig.eval_dataset is not")
+        if self.eval_dataset is not None and self.recipe.eval_interval is None:
+            raise ValueError(
+                "TrainConfig.eval_dataset is set but recipe.eval_interval is None, so it would "
+                "never be scored; set eval_interval (steps between evaluations)"
+            )
         return self
 
     def checkpoint_path(self) -> Path | None:

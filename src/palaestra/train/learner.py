@@ -37,12 +37,15 @@ class Learner:
             logits_B_T_V = self.model(
                 input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
             ).logits
-            # Score tokens under the distribution they were sampled from.
+            # Score tokens under the sampling temperature (as the sampler saw them; top-p
+            # truncation is not modelled, as in TRL).
             logits_B_T_V = logits_B_T_V[:, :-1].float() / recipe.rollout_temperature
             logprobs_B_T = token_logprobs(logits_B_T_V, micro.input_ids_B_T[:, 1:])
             mask_B_T = micro.mask_B_T[:, :-1]
             # One update per rollout: the sampler's policy is the current one, so the old
-            # log-probs are these log-probs detached (ratio 1, clipping inactive).
+            # log-probs are these log-probs detached. The ratio is then 1 and the clip never
+            # binds; eps_clip matters once the sampler's log-probs differ (several updates per
+            # rollout, a separate inference engine), and this loss is already the one they need.
             loss, num_clipped = clipped_policy_loss(
                 logprobs_B_T,
                 logprobs_B_T.detach(),
