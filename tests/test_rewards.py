@@ -7,7 +7,7 @@ import time
 import pytest
 
 from palaestra.rewards import RewardError, RewardScorer, resolve_reward, score_samples
-from palaestra.rewards.haiku import count_syllables, score_haiku
+from palaestra.rewards.haiku import count_syllables, haiku_reward, score_haiku
 from palaestra.types import Sample
 
 
@@ -120,7 +120,13 @@ def test_eval_context_appears_in_errors():
 
 
 def test_resolve_reward_by_name():
-    assert resolve_reward("palaestra.rewards.haiku:score_haiku") is score_haiku
+    reward = resolve_reward("palaestra.rewards.haiku:haiku_reward")
+    assert reward is haiku_reward
+    thinking = (
+        "<think>five seven five</think>An old silent pond\nA frog jumps into the pond\nSplash"
+    )
+    # "Splash" is 1 syllable against 5: distance 4; the thinking is not scored.
+    assert score_samples(reward, None, _samples([thinking, "just one line"])) == [-4.0, -10.0]
     with pytest.raises(RewardError, match="cannot import"):
         resolve_reward("palaestra.rewards.haiku:nope")
 

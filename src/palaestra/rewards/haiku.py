@@ -45,3 +45,12 @@ def score_haiku(response: str) -> float:
             for line, target in zip(lines, [5, 7, 5], strict=True)
         )
     )
+
+
+async def haiku_reward(args, sample, **kwargs) -> float:
+    """The tutorial's reward as a ready-made reward function: ``score_haiku`` of the response's
+    visible content (any ``<think>`` block removed). Name it in config files as
+    ``palaestra.rewards.haiku:haiku_reward``."""
+    from palaestra.models.parsing import parse_response
+
+    return score_haiku(parse_response(sample.response).content)

@@ -44,7 +44,24 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def pid_alive(pid: int | None) -> bool:
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name, or None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot: tells a process from a later one that
+    reuses its pid."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def pid_alive(pid: int | None, start_time: int | None = None) -> bool:
+    """Whether ``pid`` runs and, given ``start_time``, is still the process that had it."""
     if not pid:
         return False
     try:
@@ -53,11 +70,12 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+    fields = _proc_stat(pid)
+    if fields is None:
         return True
+    if fields[0] == "Z":  # exited, not yet reaped by its parent
+        return False
+    return start_time is None or int(fields[19]) == start_time
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class RunDirectory:
         except FileNotFoundError:
             status = {"state": "pending", "step": 0}
         if status.get("state") in ("pending", "running") and status.get("pid"):
-            if not pid_alive(status["pid"]):
+            if not pid_alive(status["pid"], status.get("pid_start")):
                 status = {
                     **status,
                     "state": "failed",

@@ -149,8 +149,8 @@ class TrainingRun(_RunView):
         """Ask the training process to stop (SIGTERM), wait for it, then force it (SIGKILL).
         Completed checkpoints stay; the run's status becomes ``stopped``."""
         info = self.status_info()
-        pid = info.get("pid")
-        if info["state"] in FINAL_STATES or not pid:
+        pid, start = info.get("pid"), info.get("pid_start")
+        if info["state"] in FINAL_STATES or not pid_alive(pid, start):
             return
         try:
             os.kill(pid, signal.SIGTERM)
@@ -161,7 +161,7 @@ class TrainingRun(_RunView):
             time.sleep(0.2)
         if self.status_info()["state"] in FINAL_STATES and self._run_file_state() in FINAL_STATES:
             return  # it ended by itself (stopped, or completed just before the signal landed)
-        if pid_alive(pid):
+        if pid_alive(pid, start):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

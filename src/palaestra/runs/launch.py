@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import cloudpickle
 
 from palaestra.atomic import write_json_atomic
-from palaestra.runs.directory import RunDirectory
+from palaestra.runs.directory import RunDirectory, process_start_time
 from palaestra.runs.handles import TrainingRun, TrainResult
 from palaestra.runs.registry import new_run_id, runs_root
 
@@ -47,7 +47,9 @@ def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = Fa
     """Start the training process for ``run``. Claims the run first (pending, old error cleared),
     so a second resume of the same run fails instead of starting a second process."""
     allowed = ("failed", "stopped") if resume else ("pending",)
-    run.update_status(expect=allowed, state="pending", pid=None, error=None, traceback=None)
+    run.update_status(
+        expect=allowed, state="pending", pid=None, pid_start=None, error=None, traceback=None
+    )
     log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
     command = [sys.executable, "-m", "palaestra.runs.worker", str(run.path)]
     if resume:
@@ -64,7 +66,7 @@ def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = Fa
             env=env,
             start_new_session=True,  # a Ctrl-C in the notebook does not kill training
         )
-    run.update_status(pid=process.pid)
+    run.update_status(pid=process.pid, pid_start=process_start_time(process.pid))
     return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from palaestra.runs.directory import RunDirectory
+from palaestra.runs.directory import RunDirectory, process_start_time
 
 
 class StopRequested(BaseException):
@@ -31,7 +31,12 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     from palaestra.train.loop import run_training
 
     run.update_status(
-        state="running", pid=os.getpid(), started_at=time.time(), error=None, traceback=None
+        state="running",
+        pid=os.getpid(),
+        pid_start=process_start_time(os.getpid()),
+        started_at=time.time(),
+        error=None,
+        traceback=None,
     )
     try:
         if config is None:
