@@ -124,19 +124,10 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
             sample_rows = [
                 sample_row(s, float(a)) for s, a in zip(samples_B, advantages_B, strict=True)
             ]
-            lengths = [len(s.response_token_ids) for s in samples_B]
             metrics = {
                 "step": step,
-                "reward_mean": statistics.fmean(rewards_B),
-                "reward_std": statistics.pstdev(rewards_B),
-                "reward_min": min(rewards_B),
-                "reward_max": max(rewards_B),
-                "zero_std_groups": int((rewards_P_G.std(dim=1, correction=0) == 0).sum()),
+                **rollout_metrics(samples_B, rewards_P_G),
                 **train_metrics,
-                "response_length_mean": statistics.fmean(lengths),
-                "response_length_max": max(lengths),
-                "truncated_fraction": sum(s.finish_reason == "length" for s in samples_B)
-                / len(samples_B),
                 "rollout_s": rollout_done - started,
                 "reward_s": reward_done - rollout_done,
                 "train_s": train_done - reward_done,
@@ -172,6 +163,23 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
                 + (f"  saved {saved.name}" if saved else ""),
                 flush=True,
             )
+
+
+def rollout_metrics(samples_B: list[Sample], rewards_P_G: torch.Tensor) -> dict[str, float]:
+    """What the step's samples looked like: rewards, groups without signal, lengths."""
+    rewards_B = rewards_P_G.view(-1).tolist()
+    lengths_B = [len(s.response_token_ids) for s in samples_B]
+    return {
+        "reward_mean": statistics.fmean(rewards_B),
+        "reward_std": statistics.pstdev(rewards_B),
+        "reward_min": min(rewards_B),
+        "reward_max": max(rewards_B),
+        # Groups whose rewards all agree have zero advantage: no gradient from them.
+        "zero_std_groups": int((rewards_P_G.std(dim=1, correction=0) == 0).sum()),
+        "response_length_mean": statistics.fmean(lengths_B),
+        "response_length_max": max(lengths_B),
+        "truncated_fraction": sum(s.finish_reason == "length" for s in samples_B) / len(samples_B),
+    }
 
 
 def restore_log(run: RunDirectory, state: dict[str, Any]) -> None:
