@@ -339,3 +339,14 @@ def test_crash_between_saving_and_logging_loses_no_step(
     assert [m["step"] for m in run.metrics()] == [1, 2, 3]
     assert sorted({s["step"] for s in run.samples()}) == [1, 2, 3]
     assert len(run.samples()) == 3 * 2 * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_step_on_a_gpu(home, tiny_model_dir, prompts_file):
+    result = make_config(tiny_model_dir, prompts_file, rollout_num_gpus=1).train()
+    (metrics,) = result.metrics()
+    assert metrics["reward_std"] > 0 and metrics["grad_norm"] > 0
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(result.latest_checkpoint().path)
