@@ -46,7 +46,10 @@ class Completion:
     text: str
     """Decoded response, special tokens removed."""
     finish_reason: str
-    """``"stop"`` (end-of-sequence) or ``"length"`` (hit ``rollout_max_response_len``)."""
+    """``"stop"`` (end-of-sequence or a stop string) or ``"length"`` (hit ``max_tokens``)."""
+    logprobs: list[float] | None = None
+    """The sampler's log-prob of each token in ``token_ids``, under the sampling temperature,
+    when the engine keeps them."""
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Sample:
     prompt_token_ids: list[int] = field(default_factory=list)
     response_token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "stop"
+    response_logprobs: list[float] | None = None
+    """The sampler's log-probs of ``response_token_ids``, when the engine kept them."""
     reward: float | None = None
     """Filled in after the reward function ran."""
 

@@ -21,6 +21,17 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     """Seeds this call's sampling so a step (and a resumed step) draws the same samples."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion; the text stops before the first one found."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """``n`` completions of one prompt, sampled with ``params`` (a server's request, say)."""
+
+    token_ids: list[int]
+    n: int
+    params: SamplingParams
 
 
 class RolloutEngine(Protocol):
@@ -37,4 +48,4 @@ class RolloutEngine(Protocol):
 
 from palaestra.rollout.torch_engine import TorchEngine  # noqa: E402
 
-__all__ = ["RolloutEngine", "SamplingParams", "TorchEngine"]
+__all__ = ["GenerationRequest", "RolloutEngine", "SamplingParams", "TorchEngine"]

@@ -222,6 +222,7 @@ def make_sample(prompt: Prompt, completion, group_index: int, step: int) -> Samp
         prompt_token_ids=prompt.token_ids,
         response_token_ids=completion.token_ids,
         finish_reason=completion.finish_reason,
+        response_logprobs=completion.logprobs,
     )
 
 
