@@ -1,17 +1,41 @@
-"""The torch rollout engine: batched sampling with transformers' KV-cached ``generate``.
+"""The torch rollout engine: batched KV-cached sampling with per-row settings, on any HF causal LM.
 
-It samples from the very module the trainer updates, so weight sync is free on one machine.
+Every row of every request shares each forward pass: a request's prompt is prefilled once
+(left-padded, with position ids that skip the padding) and its cache copied to its ``n`` rows;
+then each decode step feeds one token per row. A row that finishes (end-of-sequence, a stop
+string, its own ``max_tokens``) leaves the batch and the cache shrinks, so short rows never wait
+on long ones. It samples from the very module the trainer updates, so weight sync is free on one
+machine.
 """
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass, field
+
 import torch
 
+from palaestra.rollout.kv_cache import make_cache
+from palaestra.rollout.sampling import row_seed, sample_next_tokens
 from palaestra.types import Completion
 
 
+@dataclass
+class _Row:
+    """One completion being generated."""
+
+    request: int
+    params: object
+    generator: torch.Generator
+    prompt_len: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str | None = None
+    finish_reason: str | None = None
+
+
 class TorchEngine:
-    """Generates with a transformers causal LM, ``max_batch`` sequences per pass."""
+    """Generates with a transformers causal LM, at most ``max_batch`` rows per forward pass."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_batch: int = 64) -> None:
         self.model = model
@@ -26,56 +50,149 @@ class TorchEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
 
+    @property
+    def max_context(self) -> int:
+        """Most tokens (prompt plus completion) one row may hold: the model's position limit."""
+        return int(self.model.config.max_position_embeddings)
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    @torch.no_grad()
-    def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
-        from transformers import GenerationConfig
+    def _cache_kwarg(self) -> str:
+        # transformers 5 renamed ``past_key_values`` to ``cache``; older releases know the first.
+        forward = inspect.signature(self.model.forward).parameters
+        return "cache" if "cache" in forward else "past_key_values"
 
-        config = GenerationConfig(
-            max_new_tokens=params.max_tokens,
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=0,  # sample from the full distribution: the trainer scores tokens under it
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-        )
-        flat_B = [prompt for prompt in prompts_P for _ in range(n)]
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+    def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
+        """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
+        from palaestra.rollout import GenerationRequest
+
+        return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
+
+    def generate_requests(self, requests: list) -> list[list[Completion]]:
+        """``request.n`` completions of each request, all requests batched together."""
+        device = next(self.model.parameters()).device
+        rows: list[_Row] = []
+        for r, request in enumerate(requests):
+            self._check(r, request)
+            params = request.params
+            for j in range(request.n):
+                if params.seed is not None:
+                    seed = row_seed(params.seed, j)
+                else:  # still reproducible under torch.manual_seed
+                    seed = int(torch.randint(2**62, (1,)))
+                generator = torch.Generator(device).manual_seed(seed)
+                rows.append(_Row(r, params, generator, len(request.token_ids)))
         was_training = self.model.training
         self.model.eval()
-        completions_B: list[Completion] = []
         try:
-            for start in range(0, len(flat_B), self.max_batch):
-                completions_B += self._generate_chunk(
-                    flat_B[start : start + self.max_batch], config
-                )
+            for start in range(0, len(rows), self.max_batch):
+                self._run(rows[start : start + self.max_batch], requests, device)
         finally:
             self.model.train(was_training)
-        return [completions_B[p * n : (p + 1) * n] for p in range(len(prompts_P))]
+        completions: list[list[Completion]] = [[] for _ in requests]
+        for row in rows:
+            completions[row.request].append(
+                Completion(row.token_ids, row.text, row.finish_reason, row.logprobs)
+            )
+        return completions
 
-    def _generate_chunk(self, prompts: list[list[int]], config) -> list[Completion]:
-        # Left padding keeps every prompt's last token in the final column, where decoding starts.
+    def _check(self, index: int, request) -> None:
+        params = request.params
+        if request.n < 1:
+            raise ValueError(f"request {index}: n must be at least 1, got {request.n}")
+        if params.max_tokens < 1:
+            raise ValueError(
+                f"request {index}: max_tokens must be at least 1, got {params.max_tokens}"
+            )
+        if not request.token_ids:
+            raise ValueError(f"request {index}: the prompt has no tokens")
+        if len(request.token_ids) + params.max_tokens > self.max_context:
+            raise ValueError(
+                f"request {index}: {len(request.token_ids)} prompt tokens + max_tokens "
+                f"{params.max_tokens} exceed the model's context of {self.max_context} tokens"
+            )
+
+    @torch.inference_mode()
+    def _run(self, rows: list[_Row], requests: list, device: torch.device) -> None:
+        # Prefill each distinct request once, then give each of its rows a copy of the cache.
+        unique = sorted({row.request for row in rows})
+        prompts = [requests[r].token_ids for r in unique]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt) :] = 1
-        device = next(self.model.parameters()).device
-        output = self.model.generate(
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[i, width - len(prompt) :] = 1
+        # Position ids count real tokens only, so a left-padded prompt sees the positions it
+        # would see alone.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = make_cache(self.model.config, width + max(row.params.max_tokens for row in rows))
+        cache_kwarg = {self._cache_kwarg(): cache}
+        logits = self.model(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            generation_config=config,
-        )
-        completions = []
-        eos = set(self.eos_ids)
-        for row in output[:, width:].tolist():
-            end = next((i for i, token in enumerate(row) if token in eos), None)
-            tokens = row if end is None else row[: end + 1]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            completions.append(Completion(tokens, text, "length" if end is None else "stop"))
-        return completions
+            position_ids=position_ids.to(device),
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_kwarg,
+        ).logits[:, -1]
+        slot = {r: i for i, r in enumerate(unique)}
+        expand = torch.tensor([slot[row.request] for row in rows], device=device)
+        cache.batch_select_indices(expand)
+        logits_B_V = logits[expand]
+        attention_mask = attention_mask.to(device)[expand]
+        positions_B = torch.tensor([row.prompt_len for row in rows], device=device)
+
+        active = list(rows)
+        while True:
+            tokens_B, logprobs_B = sample_next_tokens(
+                logits_B_V,
+                [row.params.temperature for row in active],
+                [row.params.top_p for row in active],
+                [row.generator for row in active],
+            )
+            keep = []
+            for b, row in enumerate(active):
+                row.token_ids.append(tokens_B[b])
+                row.logprobs.append(logprobs_B[b])
+                if not self._finished(row, tokens_B[b]):
+                    keep.append(b)
+            if not keep:
+                return
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention_mask = attention_mask[index]
+                positions_B = positions_B[index]
+                active = [active[b] for b in keep]
+                tokens_B = [tokens_B[b] for b in keep]
+            attention_mask = torch.cat(
+                [attention_mask, attention_mask.new_ones((len(active), 1))], dim=1
+            )
+            logits_B_V = self.model(
+                input_ids=torch.tensor(tokens_B, device=device)[:, None],
+                attention_mask=attention_mask,
+                position_ids=positions_B[:, None],
+                use_cache=True,
+                **cache_kwarg,
+            ).logits[:, -1]
+            positions_B = positions_B + 1
+
+    def _finished(self, row: _Row, token: int) -> bool:
+        """Whether ``row`` ends with ``token``; if so, its text and finish reason are set."""
+        stops = row.params.stop
+        if stops:
+            text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+            if cuts:
+                row.text, row.finish_reason = text[: min(cuts)], "stop"
+                return True
+        if token in self.eos_ids:
+            row.finish_reason = "stop"
+        elif len(row.token_ids) >= row.params.max_tokens:
+            row.finish_reason = "length"
+        else:
+            return False
+        row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        return True
