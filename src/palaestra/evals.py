@@ -137,13 +137,14 @@ class EvalConfig:
         root.mkdir(parents=True, exist_ok=True)
         result.path = root / f"{result.id}.json"
         dataset = self.dataset
+        where = f"{getattr(dataset, 'hf_repo', None)} [{getattr(dataset, 'hf_split', '')}]"
         write_json_atomic(
             result.path,
             {
                 "id": result.id,
                 "name": self.name,
                 "created_at": time.time(),
-                "dataset": f"{getattr(dataset, 'hf_repo', None)} [{getattr(dataset, 'hf_split', '')}]",
+                "dataset": where,
                 "endpoint": getattr(deployment, "name", None),
                 "model": info.get("model"),
                 "checkpoint": info.get("checkpoint"),
