@@ -12,6 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "palaestra.evals": ["EvalConfig", "EvalResult"],
     "palaestra.data": ["DatasetConfig", "HuggingFaceDataset", "LocalDataset", "builtin_dataset"],
     "palaestra.models": [
         "ModelConfig",
@@ -35,6 +36,7 @@ _EXPORTS = {
         "TrainingRun",
         "TrainResult",
     ],
+    "palaestra.serve": ["Endpoint", "EndpointError"],
     "palaestra.train.config": ["TrainConfig"],
     "palaestra.types": ["Sample"],
 }

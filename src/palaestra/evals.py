@@ -1,0 +1,173 @@
+"""Evaluation: a dataset's prompts sent to an endpoint, each response scored, the mean kept.
+
+    result = EvalConfig(dataset=eval_dataset, eval_fn=score_haiku).evaluate(endpoint)
+    result.mean, result.rows
+
+Requests go out concurrently (the endpoint batches them into shared generation passes). Every
+result is saved as ``<home>/evals/<id>.json`` (mean, total, and each row's prompt, response and
+score, with the endpoint's model, checkpoint, run and step), so the dashboard can show it beside
+the run whose checkpoint it scored.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.atomic import write_json_atomic
+from palaestra.home import palaestra_home
+
+
+@dataclass
+class EvalResult:
+    mean: float
+    """Mean score over the rows (NaN for an empty dataset)."""
+    total: int
+    """How many rows were scored."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One dict per dataset row: ``prompt``, ``response``, ``score`` (and ``reasoning``)."""
+    id: str | None = None
+    """The saved result's id; the file is ``<home>/evals/<id>.json``."""
+    path: Path | None = None
+
+    def __repr__(self) -> str:
+        return f"EvalResult(mean={self.mean:.3f}, total={self.total}, id={self.id!r})"
+
+
+class EvalConfig:
+    """How to score an endpoint on a dataset.
+
+    Give exactly one of:
+
+    - ``eval_fn(text) -> float``: scores the response's visible content (``score_haiku``);
+    - ``eval_response_fn(message, row) -> float``: gets the whole reply message (``content``,
+      ``reasoning_content``) and the dataset row, for scores that need the reference answer.
+
+    Either may be ``async def``. ``generate_kwargs`` go into every request (``max_tokens``,
+    ``temperature``, ``seed``, ``chat_template_kwargs``...).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        eval_fn: Callable[[str], float] | None = None,
+        eval_response_fn: Callable[[dict[str, Any], dict[str, Any]], float] | None = None,
+        generate_kwargs: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if (eval_fn is None) == (eval_response_fn is None):
+            raise ValueError("EvalConfig needs exactly one of eval_fn or eval_response_fn")
+        self.dataset = dataset
+        self.eval_fn = eval_fn
+        self.eval_response_fn = eval_response_fn
+        self.generate_kwargs = dict(generate_kwargs or {})
+        self.name = name
+
+    def evaluate(
+        self, deployment: Any, max_concurrency: int = 4, show_progress: bool = True
+    ) -> EvalResult:
+        """Score every row of the dataset against ``deployment`` (an Endpoint), at most
+        ``max_concurrency`` requests in flight. Saves and returns the result."""
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        deployment.wait_until_ready()
+        # The endpoint applies its own chat template; here a row only becomes messages.
+        plain = copy.copy(self.dataset)
+        chat = self.dataset.apply_chat_template
+        plain.apply_chat_template = False
+        prompts = plain.prepare()
+        started = time.monotonic()
+        done = 0
+
+        def score_one(prompt) -> dict[str, Any]:
+            nonlocal done
+            if chat:
+                message = deployment.chat(prompt.messages, **self.generate_kwargs)
+            else:
+                message = {"content": deployment.complete(prompt.text, **self.generate_kwargs)}
+            content = message.get("content") or ""
+            try:
+                if self.eval_fn is not None:
+                    score = _call(self.eval_fn, content or message.get("reasoning_content") or "")
+                else:
+                    score = _call(self.eval_response_fn, message, prompt.metadata)
+                score = float(score)
+            except Exception as error:
+                raise RuntimeError(
+                    f"eval: scoring row {prompt.index} ({prompt.messages[-1]['content']!r:.80}) "
+                    f"raised {type(error).__name__}: {error}"
+                ) from error
+            done += 1
+            if show_progress:
+                print(f"\reval {done}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+            row = {
+                "index": prompt.index,
+                "prompt": prompt.messages[-1]["content"],
+                "response": content,
+                "score": score,
+            }
+            if message.get("reasoning_content"):
+                row["reasoning"] = message["reasoning_content"]
+            return row
+
+        with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
+            rows = list(pool.map(score_one, prompts))
+        elapsed = time.monotonic() - started
+        if show_progress:
+            print(f"\reval {len(rows)}/{len(prompts)} in {elapsed:.1f} s", file=sys.stderr)
+        scores = [row["score"] for row in rows]
+        mean = sum(scores) / len(scores) if scores else math.nan
+        result = EvalResult(mean=mean, total=len(rows), rows=rows)
+        self._save(result, deployment, elapsed, max_concurrency)
+        return result
+
+    def _save(self, result: EvalResult, deployment: Any, elapsed: float, concurrency: int) -> None:
+        info = getattr(deployment, "info", {}) or {}
+        result.id = f"eval-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+        root = palaestra_home() / "evals"
+        root.mkdir(parents=True, exist_ok=True)
+        result.path = root / f"{result.id}.json"
+        dataset = self.dataset
+        where = f"{getattr(dataset, 'hf_repo', None)} [{getattr(dataset, 'hf_split', '')}]"
+        write_json_atomic(
+            result.path,
+            {
+                "id": result.id,
+                "name": self.name,
+                "created_at": time.time(),
+                "dataset": where,
+                "endpoint": getattr(deployment, "name", None),
+                "model": info.get("model"),
+                "checkpoint": info.get("checkpoint"),
+                "run_id": info.get("run_id"),
+                "step": info.get("step"),
+                "generate_kwargs": self.generate_kwargs,
+                "max_concurrency": concurrency,
+                "elapsed_s": elapsed,
+                "mean": result.mean,
+                "total": result.total,
+                "rows": result.rows,
+            },
+        )
+
+
+def _call(fn: Callable, *args: Any) -> Any:
+    value = fn(*args)
+    if inspect.isawaitable(value):
+        import asyncio
+
+        value = asyncio.run(_await(value))
+    return value
+
+
+async def _await(value):
+    return await value

@@ -1,0 +1,365 @@
+"""The OpenAI-compatible HTTP app: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``
+and ``/health``.
+
+Requests are validated here (each error names its field, in OpenAI's error shape, with a 4xx
+status) and turned into ``GenerationRequest``s for the ``Batcher``, which runs concurrent
+requests through one generation pass. The model loads in the background, so the port answers at
+once: ``/health`` says 503 until the model is ready, then 200.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from palaestra.models.config import ModelConfig
+from palaestra.rollout import GenerationRequest, SamplingParams
+from palaestra.serve.batcher import Batcher
+from palaestra.types import Completion
+
+DEFAULT_MAX_TOKENS = 512
+"""``max_tokens`` when a request leaves it out (bounded by the context left after the prompt)."""
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+class _Request(BaseModel):
+    # Strict: "temperature": "hot" or "n": "2" is an error naming the field, not a guess.
+    # Unknown fields are ignored, as clients send options this server has no use for.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+
+class _TextPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[_TextPart] | None = None
+
+    def as_dict(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content or "",
+        }
+
+
+class ChatRequest(_Request):
+    messages: list[_Message] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+
+
+@dataclass
+class ServedModel:
+    """What the app serves once loading is done."""
+
+    name: str
+    """The id clients pass as ``model``."""
+    config: ModelConfig
+    """How to read responses (thinking tags)."""
+    tokenizer: Any
+    batcher: Batcher
+    max_context: int
+
+
+class State:
+    """The app's mutable state: the model, once loaded."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.served: ServedModel | None = None
+        self.started = int(time.time())
+
+
+def create_app(state: State, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="palaestra", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError):
+        first = error.errors()[0]
+        if first["type"] == "json_invalid":
+            return APIError(
+                400, f"the request body is not valid JSON: {first['msg']}", code="invalid_json"
+            ).response()
+        where = [str(part) for part in first["loc"] if part != "body"]
+        param = ".".join(where) or None
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        return APIError(400, message, param=param, code="invalid_value").response()
+
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                what = "a wrong API key" if given else "no API key"
+                return APIError(
+                    401,
+                    f"this endpoint needs an API key and the request had {what}; "
+                    "send it as 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                ).response()
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        if state.served is None:
+            return JSONResponse({"status": "loading", "model": state.name}, status_code=503)
+        batcher = state.served.batcher
+        return {"status": "ok", "model": state.name, "passes": batcher.passes, "rows": batcher.rows}
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.name,
+                    "object": "model",
+                    "created": state.started,
+                    "owned_by": "palaestra",
+                }
+            ],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest):
+        served = _served(state, body.model)
+        messages = [m.as_dict() for m in body.messages]
+        try:
+            text = served.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=True,
+                **(body.chat_template_kwargs or {}),
+            )
+        except Exception as error:  # the template's own message says what it disliked
+            raise APIError(
+                400, f"messages: the chat template failed: {error}", param="messages"
+            ) from None
+        # The template writes its own special tokens.
+        prompt_ids = served.tokenizer(text, add_special_tokens=False).input_ids
+        request = _generation_request(served, body, prompt_ids)
+        completions = await served.batcher.submit(request)
+        reply = _Reply("chatcmpl", served.name, len(prompt_ids), completions)
+        if body.stream:
+            return _stream(reply.chat_chunks(served.config, _include_usage(body)))
+        return reply.chat(served.config)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        served = _served(state, body.model)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if not prompts:
+            raise APIError(400, "prompt: give at least one prompt", param="prompt")
+        ids = [served.tokenizer(p).input_ids for p in prompts]
+        requests = [_generation_request(served, body, prompt_ids) for prompt_ids in ids]
+        results = (
+            [await served.batcher.submit(r) for r in requests]
+            if len(requests) == 1
+            else (await _gather(served.batcher, requests))
+        )
+        flat = [c for completions_n in results for c in completions_n]
+        reply = _Reply("cmpl", served.name, sum(len(i) for i in ids) * body.n, flat)
+        if body.stream:
+            return _stream(reply.text_chunks(_include_usage(body)))
+        return reply.text()
+
+    return app
+
+
+async def _gather(batcher: Batcher, requests: list[GenerationRequest]) -> list[list[Completion]]:
+    import asyncio
+
+    return list(await asyncio.gather(*(batcher.submit(r) for r in requests)))
+
+
+def _served(state: State, model: str | None) -> ServedModel:
+    if state.served is None:
+        raise APIError(
+            503,
+            "the model is still loading; poll /health until it answers 200",
+            code="model_loading",
+        )
+    if model is not None and model != state.name:
+        raise APIError(
+            404,
+            f"model {model!r} is not served here; this endpoint serves {state.name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    return state.served
+
+
+def _generation_request(served: ServedModel, body: _Request, prompt_ids: list[int]):
+    room = served.max_context - len(prompt_ids)
+    asked = body.max_completion_tokens or body.max_tokens
+    if room < 1 or (asked is not None and asked > room):
+        raise APIError(
+            400,
+            f"max_tokens: the prompt has {len(prompt_ids)} tokens and the model's context is "
+            f"{served.max_context}, so at most {max(room, 0)} new tokens fit "
+            f"(asked for {asked if asked is not None else 'any'})",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop=stop,
+    )
+    return GenerationRequest(token_ids=list(prompt_ids), n=body.n, params=params)
+
+
+def _include_usage(body: _Request) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+def _stream(chunks) -> StreamingResponse:
+    async def events():
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _Reply:
+    """One request's completions, written as a whole response or as stream chunks."""
+
+    def __init__(self, prefix: str, model: str, prompt_tokens: int, completions: list[Completion]):
+        self.id = f"{prefix}-{secrets.token_hex(12)}"
+        self.model = model
+        self.created = int(time.time())
+        self.completions = completions
+        completion_tokens = sum(len(c.token_ids) for c in completions)
+        self.usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chat(self, config: ModelConfig) -> dict[str, Any]:
+        choices = []
+        for index, completion in enumerate(self.completions):
+            parsed = config.parse_response(completion.text)
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.thinking is not None:
+                message["reasoning_content"] = parsed.thinking
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": completion.finish_reason,
+                }
+            )
+        return {**self._head("chat.completion"), "choices": choices, "usage": self.usage}
+
+    def chat_chunks(self, config: ModelConfig, include_usage: bool):
+        head = self._head("chat.completion.chunk")
+        for index, completion in enumerate(self.completions):
+            parsed = config.parse_response(completion.text)
+            yield {**head, "choices": [_delta(index, {"role": "assistant", "content": ""})]}
+            if parsed.thinking:
+                yield {**head, "choices": [_delta(index, {"reasoning_content": parsed.thinking})]}
+            for piece in _pieces(parsed.content):
+                yield {**head, "choices": [_delta(index, {"content": piece})]}
+            yield {**head, "choices": [_delta(index, {}, completion.finish_reason)]}
+        if include_usage:
+            yield {**head, "choices": [], "usage": self.usage}
+
+    def text(self) -> dict[str, Any]:
+        choices = [
+            {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+            for i, c in enumerate(self.completions)
+        ]
+        return {**self._head("text_completion"), "choices": choices, "usage": self.usage}
+
+    def text_chunks(self, include_usage: bool):
+        head = self._head("text_completion")
+        for index, completion in enumerate(self.completions):
+            for piece in _pieces(completion.text):
+                yield {
+                    **head,
+                    "choices": [
+                        {"index": index, "text": piece, "logprobs": None, "finish_reason": None}
+                    ],
+                }
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": completion.finish_reason,
+                    }
+                ],
+            }
+        if include_usage:
+            yield {**head, "choices": [], "usage": self.usage}
+
+
+def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` in word-sized pieces (each keeps its leading whitespace), for streaming."""
+    import re
+
+    return re.findall(r"\s*\S+|\s+$", text)

@@ -1,0 +1,119 @@
+"""The server process: bind the port, load the model, serve the app until told to stop.
+
+``Endpoint.launch`` starts ``python -m palaestra.serve.server SPEC.json`` in its own session;
+``palaestra serve`` runs ``serve`` in the foreground. Either way the port is bound before the
+model loads, so the address is known (and written to the endpoint's registry file) at once and
+``/health`` reports progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from palaestra.models.config import ModelConfig
+from palaestra.serve.app import ServedModel, State, create_app
+from palaestra.serve.batcher import Batcher
+
+
+def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> ServedModel:
+    """The model's weights (the checkpoint's, if given) behind a batcher, ready to serve."""
+    import torch
+
+    from palaestra.models.loading import load_causal_lm, load_tokenizer
+    from palaestra.rollout import TorchEngine
+
+    weights = checkpoint or model.weights_path()
+    tokenizer = load_tokenizer(weights, model.chat_template, model.revision)
+    lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
+    lm.eval()
+    engine = TorchEngine(lm, tokenizer)
+    max_context = int(getattr(lm.config, "max_position_embeddings", 0) or 2048)
+    return ServedModel(name, model, tokenizer, Batcher(engine.generate_requests), max_context)
+
+
+def serve(
+    name: str,
+    model: ModelConfig,
+    checkpoint: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    on_bound=None,
+) -> None:
+    """Serve until SIGTERM or Ctrl-C. ``on_bound(url)`` runs once the port is bound."""
+    import uvicorn
+
+    state = State(name)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound}"
+    print(f"palaestra: serving {name} at {url} (loading the model ...)", flush=True)
+    if on_bound is not None:
+        on_bound(url)
+
+    def load() -> None:
+        started = time.monotonic()
+        try:
+            state.served = load_served(name, model, checkpoint)
+        except BaseException:
+            traceback.print_exc()
+            print("palaestra: the model failed to load; stopping", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        print(f"palaestra: {name} ready in {time.monotonic() - started:.1f} s", flush=True)
+
+    threading.Thread(target=load, name="palaestra-load", daemon=True).start()
+    config = uvicorn.Config(create_app(state, api_key), log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if state.served is not None:
+            state.served.batcher.close()
+        if state.served is None:
+            sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the endpoint process: ``python -m palaestra.serve.server SPEC.json``."""
+    from palaestra.atomic import write_json_atomic
+
+    args = sys.argv[1:] if argv is None else argv
+    spec_path = Path(args[0])
+    spec: dict[str, Any] = json.loads(spec_path.read_text())
+    record = Path(spec["record"])
+
+    def on_bound(url: str) -> None:
+        info = json.loads(record.read_text()) if record.is_file() else {}
+        port = int(url.rsplit(":", 1)[1])
+        write_json_atomic(record, {**info, "url": url, "port": port})
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    serve(
+        spec["name"],
+        ModelConfig(**spec["model"]),
+        spec.get("checkpoint"),
+        spec["host"],
+        spec.get("port") or 0,
+        os.environ.pop("PALAESTRA_API_KEY", None),
+        on_bound,
+    )
+
+
+if __name__ == "__main__":
+    main()
