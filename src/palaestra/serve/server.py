@@ -36,8 +36,9 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
     lm.eval()
     engine = TorchEngine(lm, tokenizer)
-    max_context = int(getattr(lm.config, "max_position_embeddings", 0) or 2048)
-    return ServedModel(name, model, tokenizer, Batcher(engine.generate_requests), max_context)
+    return ServedModel(
+        name, model, tokenizer, Batcher(engine.generate_requests), engine.max_context
+    )
 
 
 def serve(
