@@ -369,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:  # `palaestra run list | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C out of `run logs -f` or the dashboard
+        return 130
 
 
 if __name__ == "__main__":

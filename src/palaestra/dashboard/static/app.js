@@ -96,7 +96,7 @@ function evalsTable(evals, showRun) {
 function evalRows(rows) {
   return h("table", { class: "eval-rows" },
     h("tr", {}, h("th", {}, "prompt"), h("th", {}, "response"), h("th", { class: "num" }, "score")),
-    rows.map((r) => h("tr", {}, h("td", {}, h("pre", { class: "response" }, r.prompt ?? "")),
+    rows.map((r) => h("tr", {}, h("td", {}, h("pre", { class: "response prompt-text" }, r.prompt ?? "")),
       h("td", {}, h("pre", { class: "response" }, r.response ?? "")), h("td", { class: "num" }, fmt.num(r.score)))));
 }
 
