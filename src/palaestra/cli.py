@@ -90,7 +90,7 @@ def progress_line(metrics: dict, total: int | None, first_step: int, started: fl
         parts.append(f"loss {metrics['loss']:+.4f}")
     if metrics.get("step_s") is not None:
         parts.append(f"{metrics['step_s']:.1f} s/step")
-    if total and done:
+    if total and done and step < total:
         remaining = (time.monotonic() - started) / done * (total - step)
         parts.append(f"eta {_duration(remaining)}")
     return "  ".join(parts)

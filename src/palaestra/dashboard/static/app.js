@@ -58,10 +58,16 @@ const runLink = (id) => h("a", { href: `/runs/${encodeURIComponent(id)}` }, id);
 const live = (on) => { document.getElementById("live").hidden = !on; };
 
 // One pending poll at a time; a failed fetch (server restarting) tries again next period.
-let timer = null;
+// Each rendered view has a number: a fetch that returns after the view was replaced (a
+// filter clicked mid-poll) neither renders nor schedules another poll.
+let timer = null, currentView = 0;
 function poll(fn, ms = POLL_MS) {
   clearTimeout(timer);
   timer = setTimeout(() => fn().catch(() => poll(fn, ms)), ms);
+}
+function newView() {
+  clearTimeout(timer);
+  return ++currentView;
 }
 
 // Evals -------------------------------------------------------------------------------------
@@ -122,11 +128,13 @@ async function runsPage() {
     } }, s || "all")));
   const body = h("div", {});
   app.replaceChildren(h("h1", {}, "Runs"), filters, body);
+  const view = newView();
 
   async function refresh() {
     const query = status ? `?status=${encodeURIComponent(status)}` : "";
     const [runs, endpoints, evals] = await Promise.all([
       getJSON(`/api/runs${query}`), getJSON("/api/endpoints"), getJSON("/api/evals")]);
+    if (view !== currentView) return;
     const evalsByRun = {};
     for (const e of evals) if (e.run_id) (evalsByRun[e.run_id] ||= []).push(e);
     const table = h("table", { id: "runs" },
@@ -280,6 +288,7 @@ async function runPage(runId) {
   document.title = `${runId} · palaestra`;
 
   let configShown = false;
+  const view = newView();
   async function refresh() {
     const base = `/api/runs/${encodeURIComponent(runId)}`;
     let run;
@@ -291,6 +300,7 @@ async function runPage(runId) {
     }
     const [metrics, log] = await Promise.all([getJSON(`${base}/metrics`),
       fetch(`${base}/log?lines=200`, { cache: "no-store" }).then((r) => r.text())]);
+    if (view !== currentView) return;
     const last = metrics[metrics.length - 1] || {};
     header.replaceChildren(h("h1", {}, run.run_id),
       h("div", { class: "facts" },
