@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from palaestra import RunFailedError
-from palaestra.runs.directory import read_jsonl
+from palaestra.runs.directory import process_start_time, read_jsonl
 from palaestra.runs.registry import list_run_ids
 from tiny_runs import count_lowercase, gate_path, gated_reward, tiny_config, write_topics
 
@@ -95,6 +95,27 @@ def write_eval(home: Path, eval_id: str, run_id: str | None, mean: float) -> Non
     (home / "evals" / f"{eval_id}.json").write_text(json.dumps(record))
 
 
+def write_endpoint(home: Path, run_id: str) -> None:
+    """An endpoint record whose server is this test process, so it reads as running."""
+    record = {
+        "name": "tiny-ep",
+        "url": "http://127.0.0.1:9999/v1",
+        "host": "127.0.0.1",
+        "port": 9999,
+        "pid": os.getpid(),
+        "pid_start": process_start_time(os.getpid()),
+        "model": "tiny",
+        "checkpoint": None,
+        "run_id": run_id,
+        "step": 3,
+        "started_at": time.time(),
+        "log": "/dev/null",
+        "authenticated": False,
+    }
+    (home / "endpoints").mkdir(exist_ok=True)
+    (home / "endpoints" / "tiny-ep.json").write_text(json.dumps(record))
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, tiny_model_dir):
     """A failed run, a completed 3-step run with an eval, a launched run held at step 2, a base
@@ -113,6 +134,7 @@ def site(tmp_path_factory, tiny_model_dir):
             done = tiny_config(tiny_model_dir, data, reward=count_lowercase).train()
             write_eval(home, "ev-run", done.training_run_id, 2.75)
             write_eval(home, "ev-base", None, 1.25)
+            write_endpoint(home, done.training_run_id)
             (failed_id,) = set(list_run_ids()) - {done.training_run_id, live.training_run_id}
             yield {"url": url, "home": home, "done": done, "live": live, "failed_id": failed_id}
         finally:
@@ -172,6 +194,9 @@ def test_runs_page_lists_runs_newest_first_with_evals(site, page):
     # The completed run's eval shows in its row; the base model's eval in its own table.
     expect(done_row.locator("td").last).to_have_text("2.75")
     expect(page.locator("table.evals td.eval-mean")).to_have_text(["1.25"])
+    expect(page.locator("table.endpoints td.endpoint-url")).to_have_text(
+        ["http://127.0.0.1:9999/v1"]
+    )
     screenshot(page, "runs-page.png")
     failed_row.locator("a").click()
     expect(page.locator("#run-error")).to_contain_text("must be finite")
