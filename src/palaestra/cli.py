@@ -1,0 +1,377 @@
+"""The ``palaestra`` command: train from a TOML file, list, inspect and stop runs, serve the
+dashboard.
+
+Each subcommand is a ``cmd_*`` function of the parsed arguments plus a few lines in
+``build_parser``. Modules that load torch, pydantic or FastAPI are imported inside the
+functions that need them, so ``palaestra --help`` starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+STATES = ("pending", "running", "completed", "failed", "stopped")
+# The training process's own per-step line; `palaestra train` shows its progress bar instead.
+STEP_LINE = re.compile(r"^step \d+/\d+\s")
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 1, no traceback."""
+
+
+# formatting ---------------------------------------------------------------------------------
+
+
+def _when(timestamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) if timestamp else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} m {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} m"
+
+
+def _number(value: float | None, sign: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.3f}" if sign else f"{value:.3f}"
+
+
+def _steps(run: dict) -> str:
+    return f"{run['step']}/{run['total_steps']}" if run.get("total_steps") else str(run["step"])
+
+
+def table(rows: list[list[str]], header: list[str], shrink: tuple[int, ...] = ()) -> str:
+    """Left-aligned columns; when wider than the terminal, the ``shrink`` columns are cut
+    (with an ellipsis) widest first, never the others (a run id must stay copyable)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        shrink = ()  # piped into a file or another program: keep every character
+    room = shutil.get_terminal_size().columns - 2 * (len(header) - 1)
+    while sum(widths) > room and shrink:
+        widest = max(shrink, key=lambda i: widths[i])
+        if widths[widest] <= 8:
+            break
+        widths[widest] -= 1
+
+    def cell(text: str, width: int) -> str:
+        text = str(text)
+        return text.ljust(width) if len(text) <= width else text[: width - 1] + "…"
+
+    lines = ["  ".join(cell(c, w) for c, w in zip(row, widths, strict=True)) for row in [header]]
+    lines += ["  ".join(cell(c, w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def progress_line(metrics: dict, total: int | None, first_step: int, started: float) -> str:
+    """``step 3/10 [######--------------] reward +0.52 ±0.31  3.4 s/step  eta 24 s``."""
+    step = metrics["step"]
+    done, span = step - first_step, (total or step) - first_step
+    fraction = done / span if span > 0 else 1.0
+    bar = "#" * round(20 * fraction) + "-" * (20 - round(20 * fraction))
+    parts = [f"step {step}/{total or '?'} [{bar}]"]
+    if metrics.get("reward_mean") is not None:
+        parts.append(f"reward {metrics['reward_mean']:+.3f} ±{metrics.get('reward_std') or 0:.3f}")
+    if metrics.get("loss") is not None:
+        parts.append(f"loss {metrics['loss']:+.4f}")
+    if metrics.get("step_s") is not None:
+        parts.append(f"{metrics['step_s']:.1f} s/step")
+    if total and done and step < total:
+        remaining = (time.monotonic() - started) / done * (total - step)
+        parts.append(f"eta {_duration(remaining)}")
+    return "  ".join(parts)
+
+
+# palaestra train ----------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from palaestra.rewards import RewardError
+    from palaestra.train.toml_config import load_train_file
+
+    config = load_train_file(args.file)
+    if args.name:
+        config = config.model_copy(update={"name": args.name})
+    try:
+        run = config.launch()
+    except RewardError as error:  # a reward named in the file that does not import
+        raise CommandError(f"{args.file}: [recipe] custom_rm_function: {error}") from None
+    print(f"run id: {run.training_run_id}", flush=True)
+    if args.detach:
+        print(f"follow it with: palaestra run logs -f {run.training_run_id}")
+        return 0
+    try:
+        return follow_training(run)
+    except KeyboardInterrupt:
+        print(f"\nstopping run {run.training_run_id} (checkpoints so far are kept) ...")
+        run.stop()
+        print(f"run {run.training_run_id}: {run.status}")
+        return 130
+
+
+def follow_training(run, poll_s: float = 0.3) -> int:
+    """Print the run's log as it grows, with a progress line per step, until it ends."""
+    from palaestra.runs.directory import FINAL_STATES
+
+    log_offset, shown_steps, started = 0, 0, time.monotonic()
+    first_step = None
+    while True:
+        info = run.status_info()  # read before the files, so nothing written before "done" is lost
+        log_offset = _print_new_log(run.path / "train.log", log_offset, skip=STEP_LINE)
+        metrics = run.metrics()
+        if first_step is None and info.get("total_steps"):
+            first_step = info.get("first_step") or 0
+            started = time.monotonic()
+        for row in metrics[shown_steps:]:
+            print(progress_line(row, info.get("total_steps"), first_step or 0, started), flush=True)
+        shown_steps = len(metrics)
+        if info["state"] in FINAL_STATES:
+            break
+        time.sleep(poll_s)
+    state = info["state"]
+    if state == "completed":
+        checkpoint = run.latest_checkpoint()
+        print(f"completed {info.get('step')} steps; checkpoint: {checkpoint and checkpoint.path}")
+        return 0
+    if state == "failed":
+        print(f"run {run.training_run_id} failed: {info.get('error')}", file=sys.stderr)
+    else:
+        print(f"run {run.training_run_id} was stopped at step {info.get('step')}", file=sys.stderr)
+    return 1
+
+
+def _print_new_log(path: Path, offset: int, skip: re.Pattern | None = None) -> int:
+    """Print the whole lines of ``path`` past ``offset``; returns the new offset."""
+    if not path.is_file():
+        return offset
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        chunk = handle.read()
+    end = chunk.rfind(b"\n") + 1
+    for line in chunk[:end].decode(errors="replace").splitlines():
+        if skip is None or not skip.match(line):
+            print(line, flush=True)
+    return offset + end
+
+
+# palaestra run ... --------------------------------------------------------------------------
+
+
+def cmd_run_list(args: argparse.Namespace) -> int:
+    from palaestra.dashboard.records import list_runs
+
+    runs = list_runs(status=args.status, limit=args.limit)
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return 0
+    if not runs:
+        print(f"no {args.status} runs" if args.status else "no runs yet")
+        return 0
+    rows = [
+        [
+            r["run_id"],
+            r["state"],
+            r["model"],
+            r["dataset"],
+            _steps(r),
+            _number(r["reward_mean"]),
+            _when(r["started_at"] or r["created_at"]),
+            _duration(r["duration_s"]),
+        ]
+        for r in runs
+    ]
+    header = ["RUN", "STATUS", "MODEL", "DATASET", "STEP", "REWARD", "STARTED", "DURATION"]
+    print(table(rows, header, shrink=(2, 3)))
+    return 0
+
+
+def cmd_run_get(args: argparse.Namespace) -> int:
+    from palaestra.dashboard.records import run_detail
+
+    run = run_detail(args.run_id)
+    if args.json:
+        print(json.dumps(run, indent=2, default=str))
+        return 0
+    recipe = dict(run["config"].get("recipe") or {})
+    reward = recipe.pop("custom_rm_function", None)
+    preset = recipe.pop("class", "Recipe")
+    lines = [
+        ("run", run["run_id"]),
+        ("status", f"{run['state']}, step {_steps(run)}"),
+        ("error", run["error"]),
+        ("model", run["model"]),
+        ("dataset", run["dataset"]),
+        ("reward", f"{_number(run['reward_mean'])} (mean of the latest step)"),
+        ("reward fn", reward),
+        ("started", _when(run["started_at"] or run["created_at"])),
+        ("duration", _duration(run["duration_s"])),
+        ("recipe", f"{preset}: " + " ".join(f"{k}={v}" for k, v in recipe.items())),
+        ("log", run["log_path"]),
+    ]
+    width = max(len(k) for k, _ in lines)
+    wrap = max(40, shutil.get_terminal_size().columns - width - 2)
+    for key, value in lines:
+        if value is not None:
+            text = textwrap.fill(str(value), wrap, subsequent_indent=" " * (width + 2))
+            print(f"{key.ljust(width)}  {text}")
+    print("checkpoints" if run["checkpoints"] else "checkpoints  none")
+    for checkpoint in run["checkpoints"]:
+        print(f"  step {checkpoint['step']:<6} {checkpoint['path']}")
+    for record in run["evals"]:
+        print(f"eval {record['id']}: mean {_number(record.get('mean'))} over {record.get('total')}")
+    for endpoint in run["endpoints"]:
+        print(f"served at {endpoint['url']} ({endpoint['name']})")
+    return 0
+
+
+def cmd_run_logs(args: argparse.Namespace) -> int:
+    from palaestra.dashboard.records import open_run
+    from palaestra.runs.directory import FINAL_STATES
+
+    run = open_run(args.run_id)
+    offset = _print_tail(run.log_path, args.lines)
+    if offset is None and not args.follow:
+        print(f"(run {args.run_id} has no output yet)")
+    while args.follow:
+        done = run.read_status()["state"] in FINAL_STATES
+        offset = _print_new_log(run.log_path, offset or 0)
+        if done:
+            break
+        time.sleep(0.3)
+    return 0
+
+
+def _print_tail(path: Path, lines: int) -> int | None:
+    """Print the last ``lines`` whole lines of ``path``; the offset after them, or None."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        end = handle.seek(0, 2)
+        start = handle.seek(max(0, end - 512 * 1024))
+        chunk = handle.read(end - start)
+    whole = chunk[: chunk.rfind(b"\n") + 1]
+    for line in whole.decode(errors="replace").splitlines()[-lines:]:
+        print(line)
+    sys.stdout.flush()
+    return start + len(whole)
+
+
+def cmd_run_stop(args: argparse.Namespace) -> int:
+    from palaestra.runs import TrainingRun
+    from palaestra.runs.directory import FINAL_STATES
+
+    run = TrainingRun.from_id(args.run_id)
+    before = run.status_info()
+    if before["state"] in FINAL_STATES:
+        print(f"run {args.run_id} is already {before['state']} (step {before.get('step')})")
+        return 0
+    run.stop(timeout=args.timeout)
+    after = run.status_info()
+    print(f"run {args.run_id}: {after['state']} at step {after.get('step')}")
+    return 0
+
+
+# palaestra dashboard ------------------------------------------------------------------------
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from palaestra.dashboard.app import serve
+    from palaestra.home import palaestra_home
+
+    print(f"palaestra dashboard on http://{args.host}:{args.port} over {palaestra_home()}")
+    print("press Ctrl-C to stop", flush=True)
+    serve(host=args.host, port=args.port)
+    return 0
+
+
+# the parser ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="palaestra",
+        description="RL post-training of language models with verifiable rewards.",
+        epilog="State lives under $PALAESTRA_HOME (default ~/.palaestra).",
+    )
+    parser.add_argument("--version", action="version", version=f"palaestra {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train from a TOML file, showing each step")
+    train.add_argument("file", metavar="RECIPE.toml", help="model, dataset, recipe and reward")
+    train.add_argument("--detach", action="store_true", help="start the run and return at once")
+    train.add_argument("--name", help="prefix of the run id (overrides the file's name)")
+    train.set_defaults(handler=cmd_train)
+
+    run = commands.add_parser("run", help="list, inspect and stop runs")
+    runs = run.add_subparsers(title="run commands", metavar="ACTION", required=True)
+    listing = runs.add_parser("list", help="runs, newest first")
+    listing.add_argument("--status", choices=STATES, help="only runs in this state")
+    listing.add_argument("--limit", type=int, help="at most this many runs")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(handler=cmd_run_list)
+    get = runs.add_parser("get", help="one run: status, reward, recipe, checkpoints")
+    get.add_argument("run_id", metavar="ID")
+    get.add_argument("--json", action="store_true", help="print JSON")
+    get.set_defaults(handler=cmd_run_get)
+    logs = runs.add_parser("logs", help="a run's output")
+    logs.add_argument("run_id", metavar="ID")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    logs.add_argument("-n", "--lines", type=int, default=200, help="last lines (default 200)")
+    logs.set_defaults(handler=cmd_run_logs)
+    stop = runs.add_parser("stop", help="stop a running run (its checkpoints are kept)")
+    stop.add_argument("run_id", metavar="ID")
+    stop.add_argument("--timeout", type=float, default=60.0, help="seconds before forcing it")
+    stop.set_defaults(handler=cmd_run_stop)
+
+    dashboard = commands.add_parser("dashboard", help="serve the web dashboard (read-only)")
+    dashboard.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
+    dashboard.add_argument("--port", type=int, default=8765, help="default 8765")
+    dashboard.set_defaults(handler=cmd_dashboard)
+    return parser
+
+
+def _version() -> str:
+    from palaestra import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except CommandError as error:
+        print(f"palaestra: {error}", file=sys.stderr)
+        return 1
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        if os.environ.get("PALAESTRA_DEBUG"):
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"palaestra: {message}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `palaestra run list | head`
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C out of `run logs -f` or the dashboard
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The dashboard in real headless Chromium, over real runs of the tiny model: what a person sees.
+
+Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped without it unless
+PALAESTRA_REQUIRE_BROWSER is set. Playwright drives that binary; it never downloads a browser.
+Screenshots go to $PALAESTRA_TEST_ARTIFACTS (default build/test-artifacts/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from palaestra import RunFailedError
+from palaestra.runs.directory import process_start_time, read_jsonl
+from palaestra.runs.registry import list_run_ids
+from tiny_runs import count_lowercase, gate_path, gated_reward, tiny_config, write_topics
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not Path(CHROMIUM).is_file():
+    if os.environ.get("PALAESTRA_REQUIRE_BROWSER"):
+        raise RuntimeError("PALAESTRA_REQUIRE_BROWSER is set but there is no chromium binary")
+    pytest.skip("needs Debian's chromium (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+REPO = Path(__file__).parents[1]
+ARTIFACTS = Path(os.environ.get("PALAESTRA_TEST_ARTIFACTS") or REPO / "build" / "test-artifacts")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_dashboard(home: Path) -> tuple[subprocess.Popen, str]:
+    """`palaestra dashboard` over ``home`` on a free port, and its URL once it accepts."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PALAESTRA_HOME": str(home)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "palaestra.cli", "dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise AssertionError(server.stdout.read().decode()) from None
+            time.sleep(0.1)
+
+
+async def nan_reward(args, sample, **kwargs) -> float:
+    return float("nan")
+
+
+def write_eval(home: Path, eval_id: str, run_id: str | None, mean: float) -> None:
+    record = {
+        "id": eval_id,
+        "created_at": time.time(),
+        "dataset": "topics.jsonl [train]",
+        "endpoint": "tiny-ep",
+        "model": "tiny",
+        "checkpoint": None,
+        "run_id": run_id,
+        "step": 3 if run_id else None,
+        "mean": mean,
+        "total": 1,
+        "rows": [{"prompt": "Say rain", "response": "<b>rain</b>", "score": mean}],
+    }
+    (home / "evals").mkdir(exist_ok=True)
+    (home / "evals" / f"{eval_id}.json").write_text(json.dumps(record))
+
+
+def write_endpoint(home: Path, run_id: str) -> None:
+    """An endpoint record whose server is this test process, so it reads as running."""
+    record = {
+        "name": "tiny-ep",
+        "url": "http://127.0.0.1:9999/v1",
+        "host": "127.0.0.1",
+        "port": 9999,
+        "pid": os.getpid(),
+        "pid_start": process_start_time(os.getpid()),
+        "model": "tiny",
+        "checkpoint": None,
+        "run_id": run_id,
+        "step": 3,
+        "started_at": time.time(),
+        "log": "/dev/null",
+        "authenticated": False,
+    }
+    (home / "endpoints").mkdir(exist_ok=True)
+    (home / "endpoints" / "tiny-ep.json").write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, tiny_model_dir):
+    """A failed run, a completed 3-step run with an eval, a launched run held at step 2, a base
+    model eval, and `palaestra dashboard` over them."""
+    home = tmp_path_factory.mktemp("browser") / "home"
+    data = write_topics(home.parent / "topics.jsonl")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PALAESTRA_HOME", str(home))
+        server, url = None, None
+        # Both processes start while the other runs train here.
+        live = tiny_config(tiny_model_dir, data, reward=gated_reward).launch()
+        try:
+            server, url = start_dashboard(home)
+            with pytest.raises(RunFailedError):
+                tiny_config(tiny_model_dir, data, reward=nan_reward, num_rollout=1).train()
+            done = tiny_config(tiny_model_dir, data, reward=count_lowercase).train()
+            write_eval(home, "ev-run", done.training_run_id, 2.75)
+            write_eval(home, "ev-base", None, 1.25)
+            write_endpoint(home, done.training_run_id)
+            (failed_id,) = set(list_run_ids()) - {done.training_run_id, live.training_run_id}
+            yield {"url": url, "home": home, "done": done, "live": live, "failed_id": failed_id}
+        finally:
+            live.stop(timeout=10)
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def page(site):
+    profile = tempfile.mkdtemp(prefix="palaestra-chromium-")
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        errors: list[str] = []
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.set_default_timeout(20_000)
+        yield page
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+    assert errors == [], f"errors in the page's script: {errors}"
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def test_runs_page_lists_runs_newest_first_with_evals(site, page):
+    expect = sync_api.expect
+    done, live = site["done"], site["live"]
+    page.goto(site["url"] + "/")
+    done_row = page.locator(f'#runs tr[data-run="{done.training_run_id}"]')
+    expect(done_row).to_be_visible()
+    expect(done_row.locator(".state")).to_have_text("completed")
+    expect(done_row.locator("td").nth(4)).to_have_text("3 / 3")
+    expect(page.locator(f'#runs tr[data-run="{live.training_run_id}"]')).to_be_visible()
+    page.locator('.filters button[data-status="completed"]').click()
+    expect(page.locator("#runs tr[data-run]")).to_have_count(1)
+    expect(page.locator(f'#runs tr[data-run="{done.training_run_id}"]')).to_be_visible()
+    page.locator('.filters button[data-status="running"]').click()
+    expect(page.locator("#runs tr[data-run]")).to_have_count(1)
+    expect(page.locator(f'#runs tr[data-run="{live.training_run_id}"]')).to_be_visible()
+    page.locator('.filters button[data-status="all"]').click()
+    expect(page.locator("#runs tr[data-run]")).to_have_count(3)
+    order = [row.get_attribute("data-run") for row in page.locator("#runs tr[data-run]").all()]
+    assert order == [done.training_run_id, site["failed_id"], live.training_run_id]  # newest first
+    failed_row = page.locator(f'#runs tr[data-run="{site["failed_id"]}"]')
+    expect(failed_row.locator(".state")).to_have_text("failed")
+    # The completed run's eval shows in its row; the base model's eval in its own table.
+    expect(done_row.locator("td").last).to_have_text("2.75")
+    expect(page.locator("table.evals td.eval-mean")).to_have_text(["1.25"])
+    expect(page.locator("table.endpoints td.endpoint-url")).to_have_text(
+        ["http://127.0.0.1:9999/v1"]
+    )
+    screenshot(page, "runs-page.png")
+    failed_row.locator("a").click()
+    expect(page.locator("#run-error")).to_contain_text("must be finite")
+    first_section = page.locator("main > div").nth(1)  # right below the run's header
+    expect(first_section.locator("#run-error")).to_be_visible()
+
+
+def test_run_page_charts_one_point_per_step_and_shows_traces(site, page):
+    expect = sync_api.expect
+    done = site["done"]
+    page.goto(f"{site['url']}/runs/{done.training_run_id}")
+    expect(page.locator("#step-count")).to_have_text("3 / 3")
+    points = page.locator('figure[data-chart="reward"] g[data-series="reward_mean"] circle.point')
+    expect(points).to_have_count(3)
+    assert [points.nth(i).get_attribute("data-step") for i in range(3)] == ["1", "2", "3"]
+    rewards = [float(points.nth(i).get_attribute("data-value")) for i in range(3)]
+    assert rewards == pytest.approx([m["reward_mean"] for m in done.metrics()])
+    # A plotted point sits inside the chart, not collapsed on an axis.
+    box = points.nth(0).bounding_box()
+    assert box is not None and box["width"] > 0
+
+    page.select_option("#trace-step", "2")
+    on_disk = sorted(
+        (row for row in read_jsonl(done.path / "samples.jsonl") if row["step"] == 2),
+        key=lambda row: (row["index"], row["group_index"]),
+    )
+    rows = page.locator("table.traces tr.trace")
+    expect(rows).to_have_count(len(on_disk))
+    expect(rows.first.locator("pre.response")).to_have_text(on_disk[0]["response"])
+    assert rows.first.locator("pre.response").text_content() == on_disk[0]["response"]
+
+    page.locator('th[data-sort="reward"]').click()
+    shown = [float(text) for text in page.locator("table.traces td.reward").all_text_contents()]
+    assert shown == sorted((row["reward"] for row in on_disk), reverse=True)
+    expect(page.locator("#checkpoints")).to_contain_text(str(done.latest_checkpoint().path))
+    expect(page.locator("table.evals td.eval-mean")).to_have_text(["2.75"])
+    page.locator("table.evals a", has_text="rows").click()
+    expect(page.locator("table.eval-rows pre.response:not(.prompt-text)").first).to_have_text(
+        "<b>rain</b>"
+    )
+    screenshot(page, "run-page.png")
+
+
+def test_a_running_run_updates_without_reloading(site, page):
+    expect = sync_api.expect
+    live = site["live"]
+    page.goto(f"{site['url']}/runs/{live.training_run_id}")
+    # The run waits at step 2 until the gate opens: the page shows step 1 and that it is live.
+    expect(page.locator("#step-count")).to_have_text("1 / 3", timeout=120_000)
+    expect(page.locator("#live")).to_be_visible()
+    page.evaluate("window.notReloaded = true")
+    gate_path().touch()
+    expect(page.locator("#step-count")).to_have_text("3 / 3", timeout=120_000)
+    expect(page.locator(".facts .state")).to_have_text("completed")
+    assert page.evaluate("window.notReloaded") is True
+    points = page.locator('figure[data-chart="reward"] g[data-series="reward_mean"] circle.point')
+    expect(points).to_have_count(3)
+    expect(page.locator("#log")).to_contain_text("step 3/3")
+    expect(page.locator("#live")).to_be_hidden()
+    screenshot(page, "live-run-page.png")
