@@ -318,3 +318,70 @@ def test_chat_errors_name_the_status(endpoint):
     with pytest.raises(EndpointError, match="400") as caught:
         endpoint.chat(MESSAGES, max_tokens=10**6)
     assert caught.value.status == 400
+
+
+def test_cli_serves_lists_evaluates_and_stops(module_home, tiny_model_dir):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from palaestra.cli import main
+
+    command = [
+        sys.executable,
+        "-m",
+        "palaestra.cli",
+        "serve",
+        str(tiny_model_dir),
+        "--port",
+        "0",
+        "--name",
+        "tiny-cli",
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                found = Endpoint.get("tiny-cli")
+                found.wait_until_ready(timeout=120)
+                break
+            except KeyError:
+                assert server.poll() is None, server.stdout.read()
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert found.info["pid"] == server.pid
+        assert main(["endpoint", "list"]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "tiny-cli",
+                    "--dataset",
+                    "builtin:haiku",
+                    "--split",
+                    "test[:5]",
+                    "--input-column",
+                    "keywords",
+                    "--prompt-template",
+                    "Write a haiku about {input}.",
+                    "--score",
+                    "palaestra.rewards.haiku:score_haiku",
+                    "--max-tokens",
+                    "6",
+                    "--json",
+                ]
+            )
+            == 0
+        )
+        saved = sorted((module_home / "evals").glob("*.json"))[-1]
+        result = json.loads(saved.read_text())
+        # Six characters cannot hold three lines: the tutorial's score gives -10 to each.
+        assert result["total"] == 5 and result["mean"] == -10.0
+        assert result["endpoint"] == "tiny-cli"
+    finally:
+        server.send_signal(signal.SIGINT)
+        output, _ = server.communicate(timeout=60)
+    assert "serving tiny-cli at http://127.0.0.1:" in output
+    assert not (module_home / "endpoints" / "tiny-cli.json").exists()

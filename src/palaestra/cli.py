@@ -1,5 +1,5 @@
-"""The ``palaestra`` command: train from a TOML file, list, inspect and stop runs, serve the
-dashboard.
+"""The ``palaestra`` command: train from a TOML file, list, inspect and stop runs, serve a model
+or a checkpoint, evaluate an endpoint, serve the dashboard.
 
 Each subcommand is a ``cmd_*`` function of the parsed arguments plus a few lines in
 ``build_parser``. Modules that load torch, pydantic or FastAPI are imported inside the
@@ -285,6 +285,91 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+# palaestra serve / eval / endpoint -----------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import secrets
+
+    from palaestra.serve.server import serve_in_foreground
+
+    api_key = args.api_key
+    if args.authenticated and api_key is None:
+        api_key = f"pal-{secrets.token_urlsafe(24)}"
+        print(f"API key: {api_key}")
+    serve_in_foreground(args.target, args.host, args.port, args.name, api_key)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from palaestra.data import HuggingFaceDataset, LocalDataset, builtin_dataset
+    from palaestra.evals import EvalConfig
+    from palaestra.rewards import resolve_reward
+    from palaestra.serve import Endpoint
+
+    endpoint = Endpoint.get(args.endpoint)
+    fields = {"input_column": args.input_column, "prompt_template": args.prompt_template}
+    if args.system_prompt is not None:
+        fields["system_prompt"] = args.system_prompt
+    if args.output_column is not None:
+        fields["output_column"] = args.output_column
+    source = args.dataset
+    if source.startswith("builtin:"):
+        dataset = HuggingFaceDataset(
+            hf_repo=str(builtin_dataset(source.removeprefix("builtin:"))),
+            hf_split=args.split,
+            **fields,
+        )
+    elif Path(source).expanduser().exists():
+        dataset = LocalDataset(path=str(Path(source).expanduser()), hf_split=args.split, **fields)
+    else:
+        dataset = HuggingFaceDataset(hf_repo=source, hf_split=args.split, **fields)
+    generate = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.seed is not None:
+        generate["seed"] = args.seed
+    score = resolve_reward(args.score)
+    result = EvalConfig(dataset, eval_fn=score, generate_kwargs=generate).evaluate(
+        endpoint, max_concurrency=args.concurrency
+    )
+    if args.json:
+        print(json.dumps({"id": result.id, "mean": result.mean, "total": result.total}))
+    else:
+        print(f"mean {result.mean:+.3f} over {result.total} rows; saved as {result.path}")
+    return 0
+
+
+def cmd_endpoint_list(args: argparse.Namespace) -> int:
+    from palaestra.serve import Endpoint
+
+    endpoints = Endpoint.list()
+    if args.json:
+        print(json.dumps([e.info for e in endpoints], indent=2))
+        return 0
+    rows = [
+        [
+            e.name,
+            e.info.get("url") or "-",
+            e.info.get("checkpoint") or e.info.get("model"),
+            _when(e.info.get("started_at")),
+        ]
+        for e in endpoints
+    ]
+    print(
+        table(rows, ["NAME", "URL", "SERVES", "STARTED"], shrink=(2,))
+        if rows
+        else "no running endpoints"
+    )
+    return 0
+
+
+def cmd_endpoint_stop(args: argparse.Namespace) -> int:
+    from palaestra.serve import Endpoint
+
+    Endpoint.get(args.name).stop()
+    print(f"endpoint {args.name} stopped")
+    return 0
+
+
 # palaestra dashboard ------------------------------------------------------------------------
 
 
@@ -336,6 +421,60 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run_id", metavar="ID")
     stop.add_argument("--timeout", type=float, default=60.0, help="seconds before forcing it")
     stop.set_defaults(handler=cmd_run_stop)
+
+    serve = commands.add_parser(
+        "serve", help="serve a model or checkpoint over an OpenAI-compatible API (foreground)"
+    )
+    serve.add_argument(
+        "target",
+        metavar="MODEL_OR_CHECKPOINT",
+        help="a checkpoint folder, a model folder, a catalogue name (SmolLM2-135M-Instruct) "
+        "or a hub id",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
+    serve.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free one")
+    serve.add_argument("--name", help="the model id clients ask for (default: from the target)")
+    serve.add_argument("--api-key", help="require this key (Authorization: Bearer KEY)")
+    serve.add_argument(
+        "--authenticated", action="store_true", help="require a generated key, printed at start"
+    )
+    serve.set_defaults(handler=cmd_serve)
+
+    evaluate = commands.add_parser("eval", help="score a running endpoint on a dataset")
+    evaluate.add_argument("endpoint", metavar="ENDPOINT", help="a running endpoint's name")
+    evaluate.add_argument(
+        "--dataset",
+        required=True,
+        help="builtin:NAME (builtin:haiku), a local file or folder, or a hub id",
+    )
+    evaluate.add_argument("--split", default="test", help="split, with slicing (default test)")
+    evaluate.add_argument("--input-column", default="input", help="column filling {input}")
+    evaluate.add_argument("--output-column", help="the reference answer's column")
+    evaluate.add_argument(
+        "--prompt-template", default="{input}", help='e.g. "Write a haiku about {input}."'
+    )
+    evaluate.add_argument("--system-prompt", help="a system message before each prompt")
+    evaluate.add_argument(
+        "--score",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="scores the response text, e.g. palaestra.rewards.haiku:score_haiku",
+    )
+    evaluate.add_argument("--max-tokens", type=int, default=64, help="default 64")
+    evaluate.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
+    evaluate.add_argument("--seed", type=int, help="sampling seed of every request")
+    evaluate.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
+    evaluate.set_defaults(handler=cmd_eval)
+
+    endpoint = commands.add_parser("endpoint", help="list and stop running endpoints")
+    endpoints = endpoint.add_subparsers(title="endpoint commands", metavar="ACTION", required=True)
+    endpoint_list = endpoints.add_parser("list", help="running endpoints, newest first")
+    endpoint_list.add_argument("--json", action="store_true", help="print JSON")
+    endpoint_list.set_defaults(handler=cmd_endpoint_list)
+    endpoint_stop = endpoints.add_parser("stop", help="stop an endpoint")
+    endpoint_stop.add_argument("name", metavar="NAME")
+    endpoint_stop.set_defaults(handler=cmd_endpoint_stop)
 
     dashboard = commands.add_parser("dashboard", help="serve the web dashboard (read-only)")
     dashboard.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")

@@ -90,6 +90,73 @@ def serve(
             sys.exit(1)
 
 
+def resolve_target(target: str) -> tuple[ModelConfig, str | None]:
+    """What ``palaestra serve TARGET`` serves: (model, checkpoint path or None).
+
+    A checkpoint folder (it has palaestra.json) serves its weights with its model's settings;
+    a model folder or a hub id serves as it is; a catalogue name (``SmolLM2-135M-Instruct`` or
+    ``SmolLM2_135M``) serves the catalogue's model.
+    """
+    from palaestra.train.toml_config import find_catalogue_model
+
+    path = Path(target).expanduser()
+    if (path / "palaestra.json").is_file() and (path / "config.json").is_file():
+        info = json.loads((path / "palaestra.json").read_text())
+        try:
+            model = find_catalogue_model(str(info.get("model")))()
+        except (KeyError, ValueError):
+            model = ModelConfig.from_pretrained(path, name=info.get("model"))
+        return model, str(path)
+    if path.exists():
+        return ModelConfig.from_pretrained(path), None
+    try:
+        return find_catalogue_model(target)(), None
+    except (KeyError, ValueError):
+        if "/" in target:
+            return ModelConfig.from_pretrained(target), None
+        raise
+
+
+def serve_in_foreground(
+    target: str, host: str, port: int, name: str | None = None, api_key: str | None = None
+) -> None:
+    """``palaestra serve``: serve ``target`` until Ctrl-C, listed among the endpoints."""
+    from palaestra.atomic import write_json_atomic
+    from palaestra.runs.directory import process_start_time
+    from palaestra.runs.handles import Checkpoint
+    from palaestra.serve.endpoint import default_name, endpoints_root
+
+    model, checkpoint = resolve_target(target)
+    name = name or default_name(model, Checkpoint.from_path(checkpoint) if checkpoint else None)
+    record = endpoints_root() / f"{name}.json"
+    info = Checkpoint.from_path(checkpoint) if checkpoint else None
+
+    def on_bound(url: str) -> None:
+        write_json_atomic(
+            record,
+            {
+                "name": name,
+                "url": url,
+                "host": host,
+                "port": int(url.rsplit(":", 1)[1]),
+                "pid": os.getpid(),
+                "pid_start": process_start_time(os.getpid()),
+                "model": model.name,
+                "checkpoint": checkpoint,
+                "run_id": info.run_id if info else None,
+                "step": info.step if info else None,
+                "started_at": time.time(),
+                "log": None,
+                "authenticated": api_key is not None,
+            },
+        )
+
+    try:
+        serve(name, model, checkpoint, host, port, api_key, on_bound)
+    finally:
+        record.unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the endpoint process: ``python -m palaestra.serve.server SPEC.json``."""
     from palaestra.atomic import write_json_atomic
