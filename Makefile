@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 haiku: setup
-	$(PY) examples/train_haiku.py
+	$(PY) examples/haiku.py
 
 test: setup
 	$(PY) -m pytest -q

@@ -57,8 +57,8 @@ def run_eval(deployment, max_concurrency: int = 8) -> float:
     result = EvalConfig(eval_dataset, eval_fn=score_haiku, generate_kwargs=GENERATE).evaluate(
         deployment, max_concurrency=max_concurrency
     )
-    three_lines = sum(row["score"] > -10 for row in result.rows)
-    print(f"  {three_lines}/{result.total} answers have three lines; saved as {result.id}")
+    better = sum(row["score"] > -10 for row in result.rows)
+    print(f"  {better}/{result.total} answers score above -10; saved as {result.id}")
     return result.mean
 
 
