@@ -243,6 +243,11 @@ def check_runnable_here(recipe: Recipe) -> None:
             "custom_rm_function is not set: GRPO needs a reward, e.g. "
             "custom_rm_function=my_reward with async def my_reward(args, sample, **kwargs) -> float"
         )
+    if recipe.custom_rm_function is None and recipe.eval_interval is not None:
+        raise RecipeNotRunnableError(
+            "eval_interval is set but custom_rm_function is not: evaluation scores samples "
+            "with the reward"
+        )
     if recipe.lora_rank:
         import importlib.util
 

@@ -157,8 +157,6 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
             # 5. Evaluate, when due.
             eval_metrics = {}
             if eval_prompts and recipe.eval_interval and step % recipe.eval_interval == 0:
-                if scorer is None:
-                    raise ValueError("eval_interval is set but recipe.custom_rm_function is not")
                 eval_metrics = evaluate_prompts(engine, eval_prompts, scorer, recipe, step)
 
             # 6. Log and save (every save_interval steps, and always the last). A checkpoint
