@@ -83,3 +83,28 @@ def test_json_form_names_the_reward():
     assert data["custom_rm_function"] == f"{__name__}:reward"
     assert data["class"] == "Recipe"
     assert "image_overlay" not in data
+
+
+def test_algorithm_defaults_are_grpo_advantages_and_token_level_loss():
+    recipe = Recipe()
+    assert (recipe.advantage_estimator, recipe.scale_rewards, recipe.loss_type) == (
+        "grpo",
+        "group",
+        "dapo",
+    )
+    assert (recipe.num_steps_per_rollout, recipe.kl_loss_coef, recipe.lora_rank) == (1, 0.0, 0)
+    assert "Bessel" in Recipe.model_fields["advantage_estimator"].description
+    assert "1e-4" in Recipe.model_fields["advantage_estimator"].description
+
+
+def test_algorithm_combinations_that_make_no_sense_are_refused():
+    with pytest.raises(ValidationError, match="over_sampling_batch_size is set but dynamic"):
+        Recipe(over_sampling_batch_size=8)
+    with pytest.raises(ValidationError, match="two different importance ratios"):
+        Recipe(advantage_estimator="gspo", loss_type="cispo")
+    with pytest.raises(ValidationError, match="num_steps_per_rollout=40 is more than the 32"):
+        Recipe(num_steps_per_rollout=40)
+    with pytest.raises(ValidationError, match="loss_type"):
+        Recipe(loss_type="ppo")
+    with pytest.raises(ValidationError, match="kl_loss_type"):
+        Recipe(kl_loss_type="k4")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 
 class Recipe(BaseModel):
-    """How to train: rollout sizes, sampling, optimiser, clipping, saving and the reward."""
+    """How to train: rollout sizes, sampling, the algorithm, optimiser, LoRA, saving, reward."""
 
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, arbitrary_types_allowed=True
@@ -45,7 +45,83 @@ class Recipe(BaseModel):
     """Clip range above 1 (DAPO's clip-higher); None uses ``eps_clip``."""
     train_micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches.
-    Smaller uses less memory, larger runs faster. It never changes the loss."""
+    Smaller uses less memory, larger runs faster. It never changes the loss, except with
+    ``loss_type="bnpo"``, whose normaliser is each micro-batch's own token count."""
+
+    # The algorithm.
+    advantage_estimator: Literal[
+        "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo"
+    ] = "grpo"
+    """How rewards become advantages (default ``"grpo"``). Stds are Bessel-corrected (n - 1)
+    and offset by eps = 1e-4 before dividing, so equal rewards give exactly 0.
+
+    - ``grpo``: reward minus its group's mean, over a std chosen by ``scale_rewards``.
+    - ``rloo``: reward minus the mean of the other G - 1 samples of its group; no std.
+    - ``reinforce_plus_plus``: rewards whitened over the whole step: (r - mean) / (std + eps).
+    - ``reinforce_plus_plus_baseline``: group mean subtracted first, then whitened over the step.
+    - ``gspo``: grpo's advantages with GSPO's sequence-level importance ratio in the loss (the
+      GSPO paper pairs it with ``loss_type="grpo"`` and clip ranges near 3e-4 / 4e-4).
+    """
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """For grpo and gspo advantages (default ``"group"``): divide by the group's std, by the
+    std of every reward in the step (``"batch"``), or not at all (``"none"``, Dr. GRPO)."""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sft_loss"] = "dapo"
+    """How the per-token loss is averaged, and which objective (default ``"dapo"``):
+
+    - ``dapo``: PPO's clipped surrogate, token sum over every response token of the step
+      (each token weighs the same, however long its response).
+    - ``grpo``: each sequence's token mean, then the mean over sequences.
+    - ``bnpo``: token mean over each micro-batch, averaged over micro-batches (TRL's).
+    - ``dr_grpo``: token sum over (sequences x ``rollout_max_response_len``).
+    - ``cispo``: MiniMax-M1's objective, ``-sg(min(r, 1 + eps_clip_high)) * A * logprob``,
+      aggregated as dapo.
+    - ``sft_loss``: supervised fine-tuning on the dataset's answers (its ``output_column``, or
+      the assistant turns of its ``messages_column``), token mean of -logprob over answer
+      tokens; no rollout, reward or advantage; ``rollout_batch_size`` rows per step.
+    """
+    num_steps_per_rollout: int = Field(1, ge=1)
+    """Optimiser steps per rollout (default 1): the step's samples are split, in order, into
+    this many mini-batches. Past the first, the policy differs from the sampler and the
+    importance ratio (against the sampler's log-probs, or log-probs scored once before the
+    first update) and its clipping take effect."""
+    kl_loss_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to a reference model (default 0: off, and no reference is
+    loaded). The reference is the model's own weights (``TrainConfig.model``), or with LoRA
+    the adapter's base with the adapter switched off, so no second copy is held."""
+    kl_loss_type: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (default ``"k3"``, low variance and never negative), with
+    d = logprob - ref_logprob: k1 = d, k2 = d^2 / 2, k3 = exp(-d) - 1 + d."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus (default 0): subtracts this times the aggregated token entropy from the
+    loss, which keeps the policy from collapsing onto one answer too early."""
+    mask_truncated_responses: bool = False
+    """Leave responses cut at ``rollout_max_response_len`` out of the loss (default False),
+    DAPO's overlong filtering. They still count in their group's baseline."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards all agree before the update (default False), DAPO's dynamic
+    sampling: they carry no advantage, only dilute the normaliser. Logged as
+    ``dropped_groups``."""
+    over_sampling_batch_size: int | None = Field(None, ge=1)
+    """With ``dynamic_sampling``: prompts drawn per sampling round; rounds repeat until
+    ``rollout_batch_size`` groups are kept (extras are dropped) or
+    ``dynamic_sampling_max_rounds`` is reached. None (default): one round of
+    ``rollout_batch_size`` prompts, and the step trains on the groups that remain."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1)
+    """Most sampling rounds per step with ``over_sampling_batch_size`` (default 4), so a
+    reward that rarely varies cannot stall a step forever."""
+
+    # LoRA.
+    lora_rank: int = Field(0, ge=0)
+    """LoRA rank (default 0: full fine-tuning). Above 0, only low-rank adapters train (via
+    ``peft``) and checkpoints hold the adapters; ``palaestra.train.lora.export_merged`` writes
+    a plain HF model from one. LoRA usually wants a learning rate about 10x higher."""
+    lora_alpha: float = Field(32.0, gt=0)
+    """LoRA scaling numerator (default 32): adapters are scaled by ``lora_alpha / lora_rank``."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input (default 0)."""
+    target_modules: list[str] | str = "all-linear"
+    """Modules that get adapters (default ``"all-linear"``: every linear layer but the output
+    head), or a list of module names such as ``["q_proj", "v_proj"]``."""
     save_interval: int | None = Field(None, ge=1)
     """Save a checkpoint every this many steps; the last step is always saved."""
     eval_interval: int | None = Field(None, ge=1)
@@ -95,6 +171,29 @@ class Recipe(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> Recipe:
+        if self.over_sampling_batch_size is not None and not self.dynamic_sampling:
+            raise ValueError(
+                "over_sampling_batch_size is set but dynamic_sampling is False; over-sampling "
+                "refills the groups dynamic sampling drops, so set dynamic_sampling=True"
+            )
+        if self.advantage_estimator == "gspo" and self.loss_type == "cispo":
+            raise ValueError(
+                "advantage_estimator='gspo' (sequence-level ratio) and loss_type='cispo' "
+                "(token-level weight) are two different importance ratios; pick one"
+            )
+        sft = self.loss_type == "sft_loss"
+        if sft and self.dynamic_sampling:
+            raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
+        batch = self.rollout_batch_size * (1 if sft else self.n_samples_per_prompt)
+        if self.num_steps_per_rollout > batch:
+            raise ValueError(
+                f"num_steps_per_rollout={self.num_steps_per_rollout} is more than the "
+                f"{batch} sequences a step trains on; each update needs at least one"
+            )
+        return self
+
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
@@ -139,11 +238,25 @@ def check_runnable_here(recipe: Recipe) -> None:
                 f"rollout_num_gpus={recipe.rollout_num_gpus}: the local backend uses one GPU; "
                 "set rollout_num_gpus=1."
             )
-    if recipe.custom_rm_function is None:
+    if recipe.custom_rm_function is None and recipe.loss_type != "sft_loss":
         raise RecipeNotRunnableError(
             "custom_rm_function is not set: GRPO needs a reward, e.g. "
             "custom_rm_function=my_reward with async def my_reward(args, sample, **kwargs) -> float"
         )
+    if recipe.custom_rm_function is None and recipe.eval_interval is not None:
+        raise RecipeNotRunnableError(
+            "eval_interval is set but custom_rm_function is not: evaluation scores samples "
+            "with the reward"
+        )
+    if recipe.lora_rank:
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise RecipeNotRunnableError(
+                f"lora_rank={recipe.lora_rank} trains LoRA adapters with peft, which is not "
+                "installed: pip install 'palaestra[lora]' (or pip install peft), or set "
+                "lora_rank=0 for full fine-tuning"
+            )
     if isinstance(recipe.custom_rm_function, str):
         from palaestra.rewards import resolve_reward
 

@@ -97,7 +97,20 @@ class TrainBatch:
     """
     advantages_B: torch.Tensor
     """One advantage per sequence, broadcast over its response tokens."""
+    sampler_logprobs_B_T: torch.Tensor | None = None
+    """The sampler's log-prob of each response token, aligned like ``mask_B_T`` (position t
+    holds token t + 1's), when the engine kept them for every sample."""
+    old_logprobs_B_T: torch.Tensor | None = None
+    """Log-probs under the policy that sampled the batch (the importance ratio's denominator),
+    aligned like ``mask_B_T``; None: the policy being updated is that policy."""
+    ref_logprobs_B_T: torch.Tensor | None = None
+    """Log-probs under the KL reference, aligned like ``mask_B_T``, when a KL term is on."""
 
     def to(self, device: torch.device | str) -> TrainBatch:
         """The same batch with every tensor on ``device``."""
-        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return TrainBatch(
+            **{
+                f.name: None if (value := getattr(self, f.name)) is None else value.to(device)
+                for f in fields(self)
+            }
+        )

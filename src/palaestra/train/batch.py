@@ -10,46 +10,89 @@ from palaestra.types import Sample, TrainBatch
 
 
 def build_train_batch(
-    samples_B: Sequence[Sample], advantages_B: torch.Tensor, pad_id: int
+    samples_B: Sequence[Sample],
+    advantages_B: torch.Tensor,
+    pad_id: int,
+    mask_truncated: bool = False,
 ) -> TrainBatch:
     """Prompt + response of each sample, right-padded to the longest, with a response mask
-    aligned to next-token logits (see ``TrainBatch.mask_B_T``)."""
+    aligned to next-token logits (see ``TrainBatch.mask_B_T``).
+
+    With ``mask_truncated``, responses cut at the length limit get an all-zero mask: they stay
+    in the batch (and in their group's baseline) but add nothing to the loss. The sampler's
+    log-probs come along when every sample has them.
+    """
     lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples_B]
     width = max(lengths)
     input_ids_B_T = torch.full((len(samples_B), width), pad_id, dtype=torch.long)
     attention_mask_B_T = torch.zeros((len(samples_B), width), dtype=torch.long)
     mask_B_T = torch.zeros((len(samples_B), width), dtype=torch.float32)
+    with_logprobs = all(s.response_logprobs is not None for s in samples_B)
+    sampler_B_T = torch.zeros((len(samples_B), width)) if with_logprobs else None
     for b, sample in enumerate(samples_B):
         prompt_len, total = len(sample.prompt_token_ids), lengths[b]
         input_ids_B_T[b, :total] = torch.tensor(sample.prompt_token_ids + sample.response_token_ids)
         attention_mask_B_T[b, :total] = 1
         # Logits at t predict token t + 1: response tokens prompt_len .. total - 1 are
         # predicted from positions prompt_len - 1 .. total - 2.
-        mask_B_T[b, prompt_len - 1 : total - 1] = 1
-    return TrainBatch(input_ids_B_T, attention_mask_B_T, mask_B_T, advantages_B.float())
+        if not (mask_truncated and sample.finish_reason == "length"):
+            mask_B_T[b, prompt_len - 1 : total - 1] = 1
+        if sampler_B_T is not None:
+            if len(sample.response_logprobs) != len(sample.response_token_ids):
+                raise ValueError(
+                    f"sample {sample.group_index} of prompt {sample.index}: "
+                    f"{len(sample.response_logprobs)} sampler log-probs for "
+                    f"{len(sample.response_token_ids)} response tokens"
+                )
+            sampler_B_T[b, prompt_len - 1 : total - 1] = torch.tensor(sample.response_logprobs)
+    return TrainBatch(
+        input_ids_B_T, attention_mask_B_T, mask_B_T, advantages_B.float(), sampler_B_T
+    )
 
 
-def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
-    """Slices of ``size`` sequences of similar length, each trimmed to its own longest.
+def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
+    """The sequences ``rows`` of ``batch``, trimmed to the longest of them."""
+    width = int(batch.attention_mask_B_T[rows].sum(dim=1).max())
 
-    Sorting by length first keeps padding low; the loss is a token sum over the whole step, so
-    the order of sequences does not change it.
+    def per_token(tensor_B_T: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor_B_T is None else tensor_B_T[rows, :width]
+
+    return TrainBatch(
+        per_token(batch.input_ids_B_T),
+        per_token(batch.attention_mask_B_T),
+        per_token(batch.mask_B_T),
+        batch.advantages_B[rows],
+        per_token(batch.sampler_logprobs_B_T),
+        per_token(batch.old_logprobs_B_T),
+        per_token(batch.ref_logprobs_B_T),
+    )
+
+
+def micro_batch_rows(batch: TrainBatch, size: int) -> list[torch.Tensor]:
+    """Row indices of each micro-batch: ``size`` sequences of similar length.
+
+    Sorting by length first keeps padding low; every aggregation's normaliser is a count over
+    the whole step (``LossScale``), so the order of sequences does not change the loss.
     """
     lengths_B = batch.attention_mask_B_T.sum(dim=1)
     order_B = torch.argsort(lengths_B, descending=True, stable=True)
-    slices = []
-    for start in range(0, len(order_B), size):
-        rows = order_B[start : start + size]
-        width = int(lengths_B[rows].max())
-        slices.append(
-            TrainBatch(
-                batch.input_ids_B_T[rows, :width],
-                batch.attention_mask_B_T[rows, :width],
-                batch.mask_B_T[rows, :width],
-                batch.advantages_B[rows],
-            )
-        )
-    return slices
+    return [order_B[start : start + size] for start in range(0, len(order_B), size)]
+
+
+def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
+    """Slices of ``size`` sequences of similar length, each trimmed to its own longest."""
+    return [take_rows(batch, rows) for rows in micro_batch_rows(batch, size)]
+
+
+def mini_batches(batch: TrainBatch, count: int) -> list[TrainBatch]:
+    """``count`` consecutive slices of the batch, one per optimiser step of a rollout.
+
+    Samples are group after group, so equal slices keep a group together when ``count``
+    divides the number of groups. A slice left empty (fewer sequences than ``count``, after
+    dynamic sampling) is skipped.
+    """
+    B = batch.input_ids_B_T.shape[0]
+    return [take_rows(batch, rows) for rows in torch.arange(B).tensor_split(count) if len(rows)]
 
 
 def prompt_order(num_rows: int, seed: int, cursor: int, count: int) -> list[int]:

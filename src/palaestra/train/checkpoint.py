@@ -4,6 +4,11 @@ step_000010/
   config.json, model.safetensors, generation_config.json, tokenizer files
   palaestra.json       run id, step, model name (what an endpoint needs to know)
   trainer_state.pt     optimiser state, step, data cursor, RNG states (for resuming)
+
+A LoRA run's checkpoint holds ``adapter_config.json`` and ``adapter_model.safetensors`` in
+place of the full weights (transformers with peft installed loads it over its base, named in
+``palaestra.json`` as ``base_model_path``); ``palaestra.train.lora.export_merged`` turns one
+into a plain model.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +35,27 @@ def save_checkpoint(
     info: dict[str, Any],
 ) -> Path:
     """Write ``step_NNNNNN`` atomically: staged under a hidden name, flushed, then renamed."""
-    checkpoints_dir.mkdir(parents=True, exist_ok=True)
-    final = checkpoints_dir / f"step_{step:06d}"
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=checkpoints_dir))
-    try:
-        model.save_pretrained(staging)
+
+    def write(staging: Path) -> None:
+        model.save_pretrained(staging)  # a peft model writes its adapters only
         tokenizer.save_pretrained(staging)
         (staging / "palaestra.json").write_text(json.dumps({**info, "step": step}, indent=2))
         torch.save(trainer_state, staging / "trainer_state.pt")
+
+    return write_folder_atomic(checkpoints_dir / f"step_{step:06d}", write)
+
+
+def write_folder_atomic(final: Path, write: Callable[[Path], None]) -> Path:
+    """Fill a hidden staging folder beside ``final`` with ``write``, flush it, rename it to
+    ``final``. A crash leaves only a hidden ``.name-*`` folder, never a half-written ``final``."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        write(staging)
         fsync_tree(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         os.replace(staging, final)
-        fsync_folder(checkpoints_dir)
+        fsync_folder(final.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

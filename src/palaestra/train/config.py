@@ -64,8 +64,12 @@ class TrainConfig(BaseModel):
                 dataset.check_columns(dataset.load())
         self.model.gguf_path()
         path = self.checkpoint_path()
-        if path is not None and not (path / "config.json").is_file():
-            raise FileNotFoundError(f"checkpoint {path} is not an HF-format model directory")
+        if path is not None and not any(
+            (path / name).is_file() for name in ("config.json", "adapter_config.json")
+        ):
+            raise FileNotFoundError(
+                f"checkpoint {path} is neither an HF-format model directory nor LoRA adapters"
+            )
 
     def to_json_dict(self) -> dict[str, Any]:
         """The resolved config, as written to the run's ``config.json``."""

@@ -1,23 +1,44 @@
-"""The learner: owns the policy's weights and optimiser, and turns a TrainBatch into an update.
+"""The learner: owns the policy's weights and optimiser, and turns a TrainBatch into updates.
 
 Its interface is small on purpose (``train_step``, ``state_dict``, ``load_state_dict``), so a
-distributed backend can run it as an actor.
+distributed backend can run it as an actor. One ``train_step`` is one rollout's worth of
+training: score the log-probs the loss compares against (the sampling policy's, the KL
+reference's), then ``num_steps_per_rollout`` optimiser steps over consecutive mini-batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable
+
 import torch
 
-from palaestra.algo.losses import clipped_policy_loss, token_entropy, token_logprobs
+from palaestra.algo.losses import (
+    LossScale,
+    aggregate,
+    cispo_loss,
+    gspo_loss,
+    kl_penalty,
+    ppo_clip_loss,
+    token_entropy,
+    token_logprobs,
+)
 from palaestra.recipes import Recipe
-from palaestra.train.batch import micro_batches
+from palaestra.train.batch import micro_batch_rows, micro_batches, mini_batches, take_rows
 from palaestra.types import TrainBatch
+
+# Scores a batch under some fixed policy: logprobs_B_T aligned like the batch's mask.
+Scorer = Callable[[TrainBatch], torch.Tensor]
 
 
 class Learner:
-    def __init__(self, model: torch.nn.Module, recipe: Recipe) -> None:
+    def __init__(
+        self, model: torch.nn.Module, recipe: Recipe, reference: Scorer | None = None
+    ) -> None:
         self.model = model
         self.recipe = recipe
+        self.reference = reference
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=recipe.lr,
@@ -25,14 +46,41 @@ class Learner:
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser step on the whole batch, accumulated over micro-batches."""
+        """One rollout's updates: ``num_steps_per_rollout`` optimiser steps on the batch."""
+        recipe = self.recipe
+        # The importance ratio's denominator is the sampling policy: the sampler's own
+        # log-probs when it kept them; else, with several updates, this policy scored once
+        # before the first one; else (one update) the ratio is 1 and nothing is needed.
+        old_B_T = batch.sampler_logprobs_B_T
+        if old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss":
+            old_B_T = score_logprobs(self.model, batch, recipe)
+        ref_B_T = None
+        if self.reference is not None and recipe.kl_loss_coef > 0:
+            ref_B_T = self.reference(batch)
+        batch = dataclasses.replace(batch, old_logprobs_B_T=old_B_T, ref_logprobs_B_T=ref_B_T)
+
+        updates = [self._update(mini) for mini in mini_batches(batch, recipe.num_steps_per_rollout)]
+        metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
+        metrics["response_tokens"] = sum(u["response_tokens"] for u in updates)
+        metrics["updates"] = len(updates)
+        if "sampler_logprob_abs_diff" in metrics:
+            # Only the first update sees the policy the sampler had; later ones differ by design.
+            metrics["sampler_logprob_abs_diff"] = updates[0]["sampler_logprob_abs_diff"]
+        return metrics
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser step on ``batch``, gradients accumulated over its micro-batches."""
         recipe = self.recipe
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        micros = micro_batches(batch, recipe.train_micro_batch_size)
         num_tokens = float(batch.mask_B_T.sum().clamp(min=1))
-        loss_sum = clipped = entropy_sum = 0.0
+        scale = LossScale(
+            num_tokens, len(batch.advantages_B), len(micros), recipe.rollout_max_response_len
+        )
+        sums: dict[str, float] = defaultdict(float)
         device = next(self.model.parameters()).device
-        for micro in micro_batches(batch, recipe.train_micro_batch_size):
+        for micro in micros:
             micro = micro.to(device)
             logits_B_T_V = self.model(
                 input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
@@ -41,36 +89,90 @@ class Learner:
             # truncation is not modelled, as in TRL).
             logits_B_T_V = logits_B_T_V[:, :-1].float() / recipe.rollout_temperature
             logprobs_B_T = token_logprobs(logits_B_T_V, micro.input_ids_B_T[:, 1:])
-            mask_B_T = micro.mask_B_T[:, :-1]
-            # One update per rollout: the sampler's policy is the current one, so the old
-            # log-probs are these log-probs detached. The ratio is then 1 and the clip never
-            # binds; eps_clip matters once the sampler's log-probs differ (several updates per
-            # rollout, a separate inference engine), and this loss is already the one they need.
-            loss, num_clipped = clipped_policy_loss(
-                logprobs_B_T,
-                logprobs_B_T.detach(),
-                micro.advantages_B,
-                mask_B_T,
-                recipe.eps_clip,
-                recipe.clip_high,
-                num_tokens,
-            )
+            loss = self._loss(micro, logits_B_T_V, logprobs_B_T, scale, sums)
             loss.backward()
-            with torch.no_grad():
-                entropy_sum += float((token_entropy(logits_B_T_V) * mask_B_T).sum())
-            loss_sum += float(loss.detach())
-            clipped += float(num_clipped)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), recipe.max_grad_norm or float("inf")
         )
         self.optimizer.step()
-        return {
-            "loss": loss_sum,
+        metrics = {
+            "loss": sums["loss"],
             "grad_norm": float(grad_norm),
-            "entropy": entropy_sum / num_tokens,
-            "clip_fraction": clipped / num_tokens,
+            "entropy": sums["entropy"] / num_tokens,
             "response_tokens": num_tokens,
         }
+        if recipe.loss_type != "sft_loss":
+            metrics["clip_fraction"] = sums["clipped"] / num_tokens
+        if batch.ref_logprobs_B_T is not None:
+            metrics["kl"] = sums["kl"] / num_tokens
+        if batch.sampler_logprobs_B_T is not None:
+            metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
+        return metrics
+
+    def _loss(
+        self,
+        micro: TrainBatch,
+        logits_B_T_V: torch.Tensor,
+        logprobs_B_T: torch.Tensor,
+        scale: LossScale,
+        sums: dict[str, float],
+    ) -> torch.Tensor:
+        """This micro-batch's share of the step's loss; adds its token sums to ``sums``."""
+        recipe = self.recipe
+        mask_B_T = micro.mask_B_T[:, :-1]
+
+        def shifted(tensor_B_T: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor_B_T is None else tensor_B_T[:, :-1]
+
+        def token_sum(values_B_T: torch.Tensor) -> float:
+            return float((values_B_T.detach() * mask_B_T).sum())
+
+        old_B_T = shifted(micro.old_logprobs_B_T)
+        if old_B_T is None:
+            old_B_T = logprobs_B_T.detach()
+        if recipe.loss_type == "sft_loss":
+            per_token_B_T = -logprobs_B_T
+        elif recipe.loss_type == "cispo":
+            per_token_B_T, clipped_B_T = cispo_loss(
+                logprobs_B_T, old_B_T, micro.advantages_B, recipe.clip_high
+            )
+        elif recipe.advantage_estimator == "gspo":
+            per_token_B_T, clipped_B_T = gspo_loss(
+                logprobs_B_T,
+                old_B_T,
+                micro.advantages_B,
+                mask_B_T,
+                recipe.eps_clip,
+                recipe.clip_high,
+            )
+        else:
+            per_token_B_T, clipped_B_T = ppo_clip_loss(
+                logprobs_B_T, old_B_T, micro.advantages_B, recipe.eps_clip, recipe.clip_high
+            )
+        if recipe.loss_type != "sft_loss":
+            sums["clipped"] += token_sum(clipped_B_T)
+        loss = aggregate(per_token_B_T, mask_B_T, recipe.loss_type, scale)
+
+        if recipe.entropy_coef > 0:
+            entropy_B_T = token_entropy(logits_B_T_V)
+            loss = loss - recipe.entropy_coef * aggregate(
+                entropy_B_T, mask_B_T, recipe.loss_type, scale
+            )
+        else:
+            with torch.no_grad():
+                entropy_B_T = token_entropy(logits_B_T_V)
+        sums["entropy"] += token_sum(entropy_B_T)
+
+        ref_B_T = shifted(micro.ref_logprobs_B_T)
+        if ref_B_T is not None:
+            kl_B_T = kl_penalty(logprobs_B_T, ref_B_T, recipe.kl_loss_type)
+            loss = loss + recipe.kl_loss_coef * aggregate(kl_B_T, mask_B_T, recipe.loss_type, scale)
+            sums["kl"] += token_sum(kl_B_T)
+        sampler_B_T = shifted(micro.sampler_logprobs_B_T)
+        if sampler_B_T is not None:
+            sums["sampler_abs_diff"] += token_sum((logprobs_B_T - sampler_B_T).abs())
+        sums["loss"] += float(loss.detach())
+        return loss
 
     def state_dict(self) -> dict:
         """Optimiser state for resuming; the weights are saved separately in HF format."""
@@ -82,3 +184,25 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = self.recipe.lr
             group["weight_decay"] = self.recipe.weight_decay
+
+
+@torch.no_grad()
+def score_logprobs(model: torch.nn.Module, batch: TrainBatch, recipe: Recipe) -> torch.Tensor:
+    """``logprobs_B_T`` of ``batch``'s tokens under ``model`` as it is now, aligned like the
+    batch's mask (position t holds token t + 1's log-prob; the last column is 0)."""
+    was_training = model.training
+    model.eval()  # no dropout: these are the fixed log-probs the updates compare against
+    device = next(model.parameters()).device
+    out_B_T = torch.zeros(batch.input_ids_B_T.shape, dtype=torch.float32)
+    try:
+        for rows in micro_batch_rows(batch, recipe.train_micro_batch_size):
+            micro = take_rows(batch, rows).to(device)
+            logits_B_T_V = model(
+                input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
+            ).logits
+            logits_B_T_V = logits_B_T_V[:, :-1].float() / recipe.rollout_temperature
+            logprobs_B_T = token_logprobs(logits_B_T_V, micro.input_ids_B_T[:, 1:])
+            out_B_T[rows, : logprobs_B_T.shape[1]] = logprobs_B_T.cpu()
+    finally:
+        model.train(was_training)
+    return out_B_T

@@ -1,8 +1,14 @@
-"""The GRPO training loop, top to bottom: rollout, reward, advantage, update, log, save."""
+"""The training loop, top to bottom: rollout, reward, advantage, update, log, save.
+
+With ``loss_type="sft_loss"`` the first three stages are replaced by the dataset's own
+answers; everything after them (update, log, save, resume) is the same.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import random
 import statistics
 import time
@@ -10,8 +16,8 @@ from typing import Any
 
 import torch
 
-from palaestra.algo.advantages import group_normalized_advantages
-from palaestra.models.loading import load_causal_lm, load_tokenizer
+from palaestra.algo.advantages import compute_advantages, informative_groups
+from palaestra.models.loading import load_tokenizer
 from palaestra.rewards import RewardScorer
 from palaestra.rollout import SamplingParams, TorchEngine
 from palaestra.runs.directory import RunDirectory
@@ -19,6 +25,9 @@ from palaestra.train.batch import build_train_batch, prompt_order
 from palaestra.train.checkpoint import load_trainer_state, remove_stale_staging, save_checkpoint
 from palaestra.train.config import TrainConfig
 from palaestra.train.learner import Learner
+from palaestra.train.lora import load_policy
+from palaestra.train.reference import load_reference
+from palaestra.train.sft import build_sft_batch, demonstration
 from palaestra.types import Prompt, Sample
 
 
@@ -26,6 +35,7 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
     """Train ``config`` into ``run``. With ``resume``, continue from the run's own latest
     checkpoint to the step the run was launched to reach, dropping what came after it."""
     recipe = config.recipe
+    sft = recipe.loss_type == "sft_loss"
     device = "cuda" if recipe.rollout_num_gpus else "cpu"
     remove_stale_staging(run.checkpoints_dir)
 
@@ -47,20 +57,22 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
     # Tokenizer and prompts first: a bad dataset fails before the model loads.
     weights = str(start_path) if start_path is not None else config.model.weights_path()
     tokenizer = load_tokenizer(weights, config.model.chat_template, config.model.revision)
-    prompts = prepare_prompts(config.dataset, tokenizer, recipe.apply_chat_template_kwargs)
+    template_kwargs = recipe.apply_chat_template_kwargs
+    prompts = prepare_prompts(config.dataset, tokenizer, template_kwargs)
+    demos = None
+    if sft:
+        chat = config.dataset.apply_chat_template
+        demos = [demonstration(p, tokenizer, chat, template_kwargs) for p in prompts]
     eval_prompts = None
     if config.eval_dataset is not None:
-        eval_prompts = prepare_prompts(
-            config.eval_dataset, tokenizer, recipe.apply_chat_template_kwargs
-        )
+        eval_prompts = prepare_prompts(config.eval_dataset, tokenizer, template_kwargs)
 
     torch.manual_seed(recipe.seed)
-    model = load_causal_lm(
-        weights, torch.float32, device, config.model.revision, config.model.trust_remote_code
-    )
+    model, base_weights, state_fits = load_policy(recipe, weights, start_path, config.model, device)
     model.config.use_cache = True
-    learner = Learner(model, recipe)
-    if "learner" in state:
+    reference = load_reference(recipe, model, config.model.weights_path(), config.model)
+    learner = Learner(model, recipe, reference)
+    if "learner" in state and state_fits:
         learner.load_state_dict(state["learner"])
     if "rng" in state:
         restore_rng(state["rng"])
@@ -70,47 +82,75 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
     run.update_status(state="running", step=step, total_steps=last_step, first_step=first_step)
     print(
         f"training {config.model.name}: steps {step + 1}..{last_step}, "
-        f"{P} prompts x {G} samples per step, {len(prompts)} prompts",
+        + (f"{P} rows per step (sft)" if sft else f"{P} prompts x {G} samples per step")
+        + f", {len(prompts)} prompts"
+        + (f", LoRA rank {recipe.lora_rank}" if recipe.lora_rank else ""),
         flush=True,
     )
 
-    with RewardScorer(recipe.custom_rm_function, recipe, recipe.reward_timeout_s) as scorer:
+    scorer_context = (
+        RewardScorer(recipe.custom_rm_function, recipe, recipe.reward_timeout_s)
+        if recipe.custom_rm_function is not None
+        else contextlib.nullcontext(None)
+    )
+    with scorer_context as scorer:
         while step < last_step:
             step += 1
             started = time.monotonic()
+            if sft:
+                # The dataset's answers are the batch: no rollout, reward or advantage.
+                rows = prompt_order(len(demos), recipe.seed, cursor, P)
+                cursor += P
+                batch = build_sft_batch([demos[i] for i in rows], engine.pad_id)
+                samples_B, sample_rows, step_metrics = [], [], {}
+                rollout_s = reward_s = 0.0
+            else:
+                # 1-2. Rollout and reward: G samples for each of P prompts. With dynamic
+                # sampling, groups whose rewards all agree are dropped, and with over-sampling
+                # further rounds of prompts refill the step up to P groups.
+                samples_B, kept_B = [], []
+                rollout_s = reward_s = 0.0
+                rounds = (
+                    recipe.dynamic_sampling_max_rounds if recipe.over_sampling_batch_size else 1
+                )
+                for round_ in range(rounds):
+                    n = recipe.over_sampling_batch_size or P
+                    round_prompts = [
+                        prompts[i] for i in prompt_order(len(prompts), recipe.seed, cursor, n)
+                    ]
+                    cursor += n
+                    t0 = time.monotonic()
+                    new_B = rollout(engine, round_prompts, G, recipe, step, round_)
+                    t1 = time.monotonic()
+                    for sample, reward in zip(new_B, scorer.score(new_B), strict=True):
+                        sample.reward = reward
+                    rollout_s, reward_s = rollout_s + t1 - t0, reward_s + time.monotonic() - t1
+                    samples_B += new_B
+                    kept_B += keep_informative(new_B, G) if recipe.dynamic_sampling else new_B
+                    if len(kept_B) >= P * G:
+                        break
+                kept_B = kept_B[: P * G]
 
-            # 1. Rollout: G samples for each of P prompts.
-            batch_prompts_P = [
-                prompts[i] for i in prompt_order(len(prompts), recipe.seed, cursor, P)
-            ]
-            cursor += P
-            params = SamplingParams(
-                recipe.rollout_max_response_len,
-                recipe.rollout_temperature,
-                recipe.rollout_top_p,
-                seed=recipe.seed * 100_003 + step,
-            )
-            completions_P_G = engine.generate([p.token_ids for p in batch_prompts_P], G, params)
-            samples_B = [
-                make_sample(prompt, completion, g, step)
-                for prompt, completions_G in zip(batch_prompts_P, completions_P_G, strict=True)
-                for g, completion in enumerate(completions_G)
-            ]
+                # 3. Advantages: each reward against its group (or the step's, by estimator).
+                rewards_P_G = torch.tensor([s.reward for s in kept_B]).view(-1, G)
+                advantages_B = compute_advantages(
+                    rewards_P_G, recipe.advantage_estimator, recipe.scale_rewards
+                ).view(-1)
+                batch = None
+                if kept_B:
+                    batch = build_train_batch(
+                        kept_B, advantages_B, engine.pad_id, recipe.mask_truncated_responses
+                    )
+                trained = {id(s): float(a) for s, a in zip(kept_B, advantages_B, strict=True)}
+                sample_rows = [sample_row(s, trained.get(id(s))) for s in samples_B]
+                step_metrics = rollout_metrics(samples_B, G)
+                if recipe.dynamic_sampling:
+                    step_metrics["dropped_groups"] = (len(samples_B) - len(kept_B)) // G
+                    step_metrics["sampling_rounds"] = round_ + 1
             rollout_done = time.monotonic()
 
-            # 2. Reward every sample, concurrently.
-            rewards_B = scorer.score(samples_B)
-            for sample, reward in zip(samples_B, rewards_B, strict=True):
-                sample.reward = reward
-            reward_done = time.monotonic()
-
-            # 3. Advantages: each reward against its own group.
-            rewards_P_G = torch.tensor(rewards_B, dtype=torch.float32).view(P, G)
-            advantages_B = group_normalized_advantages(rewards_P_G).view(-1)
-
             # 4. Update the policy.
-            batch = build_train_batch(samples_B, advantages_B, engine.pad_id)
-            train_metrics = learner.train_step(batch)
+            train_metrics = learner.train_step(batch) if batch is not None else {"updates": 0}
             engine.sync_weights(model)
             train_done = time.monotonic()
 
@@ -121,16 +161,13 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
 
             # 6. Log and save (every save_interval steps, and always the last). A checkpoint
             # carries its step's log rows, so a crash between saving and logging loses nothing.
-            sample_rows = [
-                sample_row(s, float(a)) for s, a in zip(samples_B, advantages_B, strict=True)
-            ]
             metrics = {
                 "step": step,
-                **rollout_metrics(samples_B, rewards_P_G),
+                **step_metrics,
                 **train_metrics,
-                "rollout_s": rollout_done - started,
-                "reward_s": reward_done - rollout_done,
-                "train_s": train_done - reward_done,
+                "rollout_s": rollout_s,
+                "reward_s": reward_s,
+                "train_s": train_done - rollout_done,
                 **eval_metrics,
             }
             saved = None
@@ -146,6 +183,8 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
                     "log": {"samples": sample_rows, "metrics": metrics},
                 }
                 info = {"run_id": run.run_id, "model": config.model.name}
+                if recipe.lora_rank:
+                    info |= {"lora": True, "base_model_path": base_weights}
                 saved = save_checkpoint(
                     run.checkpoints_dir, step, model, tokenizer, trainer_state, info
                 )
@@ -156,18 +195,57 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
             run.append_jsonl("samples.jsonl", sample_rows)
             run.append_jsonl("metrics.jsonl", [metrics])
             run.update_status(step=step)
-            print(
-                f"step {step}/{last_step}  reward {metrics['reward_mean']:+.2f} "
-                f"± {metrics['reward_std']:.2f}  loss {metrics['loss']:+.4f}  "
-                f"len {metrics['response_length_mean']:.0f}  {metrics['step_s']:.1f} s"
-                + (f"  saved {saved.name}" if saved else ""),
-                flush=True,
-            )
+            print(step_line(metrics, last_step, saved), flush=True)
 
 
-def rollout_metrics(samples_B: list[Sample], rewards_P_G: torch.Tensor) -> dict[str, float]:
-    """What the step's samples looked like: rewards, groups without signal, lengths."""
-    rewards_B = rewards_P_G.view(-1).tolist()
+def rollout(
+    engine, prompts: list[Prompt], G: int, recipe, step: int, round_: int = 0
+) -> list[Sample]:
+    """G samples of each prompt, flattened group after group. Each (step, round) has its own
+    seed, so a resumed step draws the same samples."""
+    params = SamplingParams(
+        recipe.rollout_max_response_len,
+        recipe.rollout_temperature,
+        recipe.rollout_top_p,
+        seed=recipe.seed * 100_003 + step + 1_000_000_007 * round_,
+    )
+    completions_P_G = engine.generate([p.token_ids for p in prompts], G, params)
+    return [
+        make_sample(prompt, completion, g, step)
+        for prompt, completions_G in zip(prompts, completions_P_G, strict=True)
+        for g, completion in enumerate(completions_G)
+    ]
+
+
+def keep_informative(samples_B: list[Sample], G: int) -> list[Sample]:
+    """The samples of the groups whose rewards differ (DAPO's dynamic sampling)."""
+    rewards_P_G = torch.tensor([s.reward for s in samples_B]).view(-1, G)
+    keep_P = informative_groups(rewards_P_G).tolist()
+    return [s for b, s in enumerate(samples_B) if keep_P[b // G]]
+
+
+def step_line(metrics: dict[str, Any], last_step: int, saved) -> str:
+    parts = [f"step {metrics['step']}/{last_step}"]
+    if "reward_mean" in metrics:
+        parts.append(f"reward {metrics['reward_mean']:+.2f} ± {metrics['reward_std']:.2f}")
+    parts.append(f"loss {metrics.get('loss', math.nan):+.4f}")
+    if "response_length_mean" in metrics:
+        parts.append(f"len {metrics['response_length_mean']:.0f}")
+    else:
+        parts.append(f"tokens {metrics.get('response_tokens', 0):.0f}")
+    if "dropped_groups" in metrics:
+        parts.append(f"dropped {metrics['dropped_groups']}")
+    parts.append(f"{metrics['step_s']:.1f} s")
+    if saved:
+        parts.append(f"saved {saved.name}")
+    return "  ".join(parts)
+
+
+def rollout_metrics(samples_B: list[Sample], G: int) -> dict[str, float]:
+    """What the step's samples looked like (all of them, dropped groups too): rewards, groups
+    without signal, lengths."""
+    rewards_B = [s.reward for s in samples_B]
+    rewards_P_G = torch.tensor(rewards_B, dtype=torch.float32).view(-1, G)
     lengths_B = [len(s.response_token_ids) for s in samples_B]
     return {
         "reward_mean": statistics.fmean(rewards_B),
@@ -175,7 +253,7 @@ def rollout_metrics(samples_B: list[Sample], rewards_P_G: torch.Tensor) -> dict[
         "reward_min": min(rewards_B),
         "reward_max": max(rewards_B),
         # Groups whose rewards all agree have zero advantage: no gradient from them.
-        "zero_std_groups": int((rewards_P_G.std(dim=1, correction=0) == 0).sum()),
+        "zero_std_groups": int((~informative_groups(rewards_P_G)).sum()),
         "response_length_mean": statistics.fmean(lengths_B),
         "response_length_max": max(lengths_B),
         "truncated_fraction": sum(s.finish_reason == "length" for s in samples_B) / len(samples_B),
@@ -226,7 +304,8 @@ def make_sample(prompt: Prompt, completion, group_index: int, step: int) -> Samp
     )
 
 
-def sample_row(sample: Sample, advantage: float) -> dict[str, Any]:
+def sample_row(sample: Sample, advantage: float | None) -> dict[str, Any]:
+    """A samples.jsonl row; ``advantage`` None: the sample's group was dropped, not trained."""
     return {
         "step": sample.step,
         "index": sample.index,
@@ -234,7 +313,8 @@ def sample_row(sample: Sample, advantage: float) -> dict[str, Any]:
         "prompt": sample.prompt,
         "response": sample.response,
         "reward": sample.reward,
-        "advantage": advantage,
+        "advantage": 0.0 if advantage is None else advantage,
+        "trained": advantage is not None,
         "label": sample.label,
         "finish_reason": sample.finish_reason,
         "response_tokens": len(sample.response_token_ids),

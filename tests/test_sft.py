@@ -1,0 +1,96 @@
+"""Supervised fine-tuning: which tokens carry loss, and a run that learns its dataset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import build_tokenizer
+from palaestra import LocalDataset, ModelConfig, Recipe, TrainConfig
+from palaestra.recipes import check_runnable_here
+from palaestra.train.sft import build_sft_batch, demonstration
+from palaestra.types import Prompt
+
+
+def targets_text(tokenizer, demo) -> str:
+    pairs = zip(demo.token_ids, demo.targets, strict=True)
+    return tokenizer.decode([token for token, is_target in pairs if is_target])
+
+
+def test_output_column_answer_is_the_only_target():
+    tokenizer = build_tokenizer()
+    messages = [{"role": "user", "content": "Say sun"}]
+    prompt = Prompt(index=3, messages=messages, text="", label="SUN")
+    demo = demonstration(prompt, tokenizer, chat_template=True, kwargs={})
+    # The whole rendering, and of it only the assistant's turn (with its end token) is a target.
+    assert tokenizer.decode(demo.token_ids) == (
+        "<|im_start|>user\nSay sun<|im_end|>\n<|im_start|>assistant\nSUN<|im_end|>\n"
+    )
+    assert targets_text(tokenizer, demo) == "SUN<|im_end|>\n"
+
+
+def test_every_assistant_turn_of_a_conversation_is_a_target():
+    tokenizer = build_tokenizer()
+    messages = [
+        {"role": "system", "content": "Be brief"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Yo"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Ok"},
+    ]
+    demo = demonstration(Prompt(0, messages, ""), tokenizer, True, {})
+    assert targets_text(tokenizer, demo) == "Yo<|im_end|>\nOk<|im_end|>\n"
+    # The batch mask is the target flags shifted onto the logits that predict them.
+    batch = build_sft_batch([demo], pad_id=0)
+    assert batch.mask_B_T[0, :-1].tolist() == [float(t) for t in demo.targets[1:]]
+
+
+def test_plain_prompt_learns_answer_then_end_of_sequence():
+    tokenizer = build_tokenizer()
+    demo = demonstration(
+        Prompt(0, [{"role": "user", "content": "Say"}], "Say", label="ok"),
+        tokenizer,
+        chat_template=False,
+        kwargs={},
+    )
+    assert targets_text(tokenizer, demo) == "ok<|im_end|>"
+
+
+def test_a_row_without_an_answer_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="row 7.*no assistant message and no output_column"):
+        demonstration(
+            Prompt(7, [{"role": "user", "content": "x"}], "x"), build_tokenizer(), True, {}
+        )
+
+
+def test_sft_needs_no_reward():
+    check_runnable_here(Recipe(loss_type="sft_loss"))
+    with pytest.raises(ValueError, match="dynamic_sampling needs rewards"):
+        Recipe(loss_type="sft_loss", dynamic_sampling=True)
+
+
+def test_sft_run_lowers_the_loss_on_its_dataset(home, tiny_model_dir, prompts_file):
+    config = TrainConfig(
+        model=ModelConfig.from_pretrained(tiny_model_dir, name="tiny"),
+        dataset=LocalDataset(
+            path=str(prompts_file),
+            input_column="topic",
+            output_column="answer",
+            prompt_template="Say {input}",
+        ),
+        recipe=Recipe(loss_type="sft_loss", num_rollout=8, rollout_batch_size=6, lr=1e-2),
+    )
+    result = config.train()
+    metrics = result.metrics()
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    # Every step is the same six rows (one epoch each), so the losses compare directly.
+    # The answers are the upper-cased topics plus the end-of-turn tokens: "RAIN<|im_end|>\n".
+    assert metrics[-1]["loss"] < 0.7 * metrics[0]["loss"]
+    assert metrics[0]["response_tokens"] == sum(
+        len(t) + 2 for t in ["rain", "snow", "sun", "wind", "moon", "sea"]
+    )
+    assert "reward_mean" not in metrics[0]
+    assert result.samples() == []
+    (checkpoint,) = result.checkpoints()
+    assert json.loads((checkpoint.path / "palaestra.json").read_text())["step"] == 8
