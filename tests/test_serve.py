@@ -385,3 +385,23 @@ def test_cli_serves_lists_evaluates_and_stops(module_home, tiny_model_dir):
         output, _ = server.communicate(timeout=60)
     assert "serving tiny-cli at http://127.0.0.1:" in output
     assert not (module_home / "endpoints" / "tiny-cli.json").exists()
+
+
+def test_a_lora_checkpoint_serves_merged(module_home, tiny, tiny_model_dir, prompts_file):
+    pytest.importorskip("peft")
+    from palaestra.train.lora import export_merged
+    from test_train import make_config
+
+    result = make_config(tiny_model_dir, prompts_file, num_rollout=1, lora_rank=4, lr=1e-1).train()
+    checkpoint = result.checkpoints()[-1]
+    merged = export_merged(checkpoint, module_home / "merged")
+    adapters = Endpoint.launch(tiny, checkpoint, name="tiny-lora")
+    plain = Endpoint.launch(ModelConfig(name="merged", source=str(merged)), name="tiny-merged")
+    try:
+        ask = {"max_tokens": 12, "temperature": 0}
+        served = adapters.wait_until_ready(120).chat(MESSAGES, **ask)["content"]
+        assert served == plain.wait_until_ready(120).chat(MESSAGES, **ask)["content"]
+        assert adapters.info["step"] == 1 and adapters.info["run_id"] == checkpoint.run_id
+    finally:
+        adapters.stop()
+        plain.stop()

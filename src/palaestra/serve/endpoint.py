@@ -88,8 +88,12 @@ class Endpoint:
 
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
-        if checkpoint is not None and not (Path(checkpoint.path) / "config.json").is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint.path} has no config.json")
+        if checkpoint is not None and not any(
+            (Path(checkpoint.path) / f).is_file() for f in ("config.json", "adapter_config.json")
+        ):
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint.path} has neither config.json nor adapter_config.json"
+            )
         name = name or default_name(model, checkpoint)
         existing = cls._find(name)
         if existing is not None:

@@ -30,10 +30,18 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
 
     from palaestra.models.loading import load_causal_lm, load_tokenizer
     from palaestra.rollout import TorchEngine
+    from palaestra.train.lora import adapter_base, is_adapter_checkpoint
 
     weights = checkpoint or model.weights_path()
     tokenizer = load_tokenizer(weights, model.chat_template, model.revision)
-    lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
+    if is_adapter_checkpoint(checkpoint):
+        # A LoRA checkpoint holds adapters only: merge them into their base, in memory.
+        from peft import PeftModel
+
+        base = load_causal_lm(adapter_base(checkpoint), torch.float32, "cpu")
+        lm = PeftModel.from_pretrained(base, checkpoint).merge_and_unload()
+    else:
+        lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
     lm.eval()
     engine = TorchEngine(lm, tokenizer)
     return ServedModel(
@@ -100,7 +108,8 @@ def resolve_target(target: str) -> tuple[ModelConfig, str | None]:
     from palaestra.train.toml_config import find_catalogue_model
 
     path = Path(target).expanduser()
-    if (path / "palaestra.json").is_file() and (path / "config.json").is_file():
+    is_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+    if (path / "palaestra.json").is_file() and is_model:
         info = json.loads((path / "palaestra.json").read_text())
         try:
             model = find_catalogue_model(str(info.get("model")))()
