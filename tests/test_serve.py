@@ -405,3 +405,20 @@ def test_a_lora_checkpoint_serves_merged(module_home, tiny, tiny_model_dir, prom
     finally:
         adapters.stop()
         plain.stop()
+
+
+def test_several_samples_per_prompt_score_their_mean(endpoint, prompts_file):
+    dataset = LocalDataset(path=str(prompts_file), input_column="topic")
+    result = EvalConfig(
+        dataset,
+        eval_fn=lambda text: float(len(text)),
+        n_samples_per_prompt=3,
+        generate_kwargs={"max_tokens": 10, "seed": 1},
+    ).evaluate(endpoint, show_progress=False)
+    for row in result.rows:
+        assert len(row["responses"]) == 3 and len(set(row["responses"])) > 1
+        assert row["scores"] == [float(len(r)) for r in row["responses"]]
+        assert row["score"] == pytest.approx(sum(row["scores"]) / 3)
+    assert result.mean == pytest.approx(sum(sum(r["scores"]) for r in result.rows) / 18)
+    with pytest.raises(ValueError, match="n_samples_per_prompt"):
+        EvalConfig(dataset, eval_fn=len, generate_kwargs={"n": 2})

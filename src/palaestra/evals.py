@@ -34,7 +34,8 @@ class EvalResult:
     total: int
     """How many rows were scored."""
     rows: list[dict[str, Any]] = field(default_factory=list)
-    """One dict per dataset row: ``prompt``, ``response``, ``score`` (and ``reasoning``)."""
+    """One dict per dataset row: ``prompt``, ``response``, ``score`` (and ``reasoning``); with
+    several samples per prompt, ``score`` is their mean and ``responses`` / ``scores`` hold each."""
     id: str | None = None
     """The saved result's id; the file is ``<home>/evals/<id>.json``."""
     path: Path | None = None
@@ -53,7 +54,10 @@ class EvalConfig:
       ``reasoning_content``) and the dataset row, for scores that need the reference answer.
 
     Either may be ``async def``. ``generate_kwargs`` go into every request (``max_tokens``,
-    ``temperature``, ``seed``, ``chat_template_kwargs``...).
+    ``temperature``, ``seed``, ``chat_template_kwargs``...). ``n_samples_per_prompt`` answers
+    are drawn for each row (one request with ``n``) and a row scores their mean: a sampled
+    model's mean over a small dataset is noisy, and more samples per row steady it cheaply, since
+    the endpoint generates them in one batched pass.
     """
 
     def __init__(
@@ -63,9 +67,15 @@ class EvalConfig:
         eval_response_fn: Callable[[dict[str, Any], dict[str, Any]], float] | None = None,
         generate_kwargs: dict[str, Any] | None = None,
         name: str | None = None,
+        n_samples_per_prompt: int = 1,
     ) -> None:
         if (eval_fn is None) == (eval_response_fn is None):
             raise ValueError("EvalConfig needs exactly one of eval_fn or eval_response_fn")
+        if n_samples_per_prompt < 1:
+            raise ValueError(f"n_samples_per_prompt must be at least 1, got {n_samples_per_prompt}")
+        if "n" in (generate_kwargs or {}):
+            raise ValueError("set n_samples_per_prompt rather than generate_kwargs['n']")
+        self.n_samples_per_prompt = n_samples_per_prompt
         self.dataset = dataset
         self.eval_fn = eval_fn
         self.eval_response_fn = eval_response_fn
@@ -88,35 +98,33 @@ class EvalConfig:
         started = time.monotonic()
         done = 0
 
+        n = self.n_samples_per_prompt
+        extra = {**self.generate_kwargs, **({"n": n} if n > 1 else {})}
+
         def score_one(prompt) -> dict[str, Any]:
             nonlocal done
             if chat:
-                message = deployment.chat(prompt.messages, **self.generate_kwargs)
+                reply = deployment.chat_completion(prompt.messages, **extra)
+                messages = [choice["message"] for choice in reply["choices"]]
             else:
-                message = {"content": deployment.complete(prompt.text, **self.generate_kwargs)}
-            content = message.get("content") or ""
-            try:
-                if self.eval_fn is not None:
-                    score = _call(self.eval_fn, content or message.get("reasoning_content") or "")
-                else:
-                    score = _call(self.eval_response_fn, message, prompt.metadata)
-                score = float(score)
-            except Exception as error:
-                raise RuntimeError(
-                    f"eval: scoring row {prompt.index} ({prompt.messages[-1]['content']!r:.80}) "
-                    f"raised {type(error).__name__}: {error}"
-                ) from error
+                reply = deployment.completion(prompt.text, **extra)
+                messages = [{"content": choice["text"]} for choice in reply["choices"]]
+            scores = [self._score(prompt, message) for message in messages]
             done += 1
             if show_progress:
                 print(f"\reval {done}/{len(prompts)}", end="", file=sys.stderr, flush=True)
+            first = messages[0]
             row = {
                 "index": prompt.index,
                 "prompt": prompt.messages[-1]["content"],
-                "response": content,
-                "score": score,
+                "response": first.get("content") or "",
+                "score": sum(scores) / len(scores),
             }
-            if message.get("reasoning_content"):
-                row["reasoning"] = message["reasoning_content"]
+            if first.get("reasoning_content"):
+                row["reasoning"] = first["reasoning_content"]
+            if n > 1:
+                row["responses"] = [m.get("content") or "" for m in messages]
+                row["scores"] = scores
             return row
 
         with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
@@ -129,6 +137,20 @@ class EvalConfig:
         result = EvalResult(mean=mean, total=len(rows), rows=rows)
         self._save(result, deployment, elapsed, max_concurrency)
         return result
+
+    def _score(self, prompt, message: dict[str, Any]) -> float:
+        content = message.get("content") or ""
+        try:
+            if self.eval_fn is not None:
+                score = _call(self.eval_fn, content or message.get("reasoning_content") or "")
+            else:
+                score = _call(self.eval_response_fn, message, prompt.metadata)
+            return float(score)
+        except Exception as error:
+            raise RuntimeError(
+                f"eval: scoring row {prompt.index} ({prompt.messages[-1]['content']!r:.80}) "
+                f"raised {type(error).__name__}: {error}"
+            ) from error
 
     def _save(self, result: EvalResult, deployment: Any, elapsed: float, concurrency: int) -> None:
         info = getattr(deployment, "info", {}) or {}
@@ -151,6 +173,7 @@ class EvalConfig:
                 "run_id": info.get("run_id"),
                 "step": info.get("step"),
                 "generate_kwargs": self.generate_kwargs,
+                "n_samples_per_prompt": self.n_samples_per_prompt,
                 "max_concurrency": concurrency,
                 "elapsed_s": elapsed,
                 "mean": result.mean,

@@ -283,8 +283,12 @@ class Endpoint:
 
     def complete(self, prompt: str, timeout: float = 600, **extra: Any) -> str:
         """Raw text completion of ``prompt`` (no chat template)."""
+        return self.completion(prompt, timeout, **extra)["choices"][0]["text"]
+
+    def completion(self, prompt: str, timeout: float = 600, **extra: Any) -> dict[str, Any]:
+        """The whole ``/v1/completions`` response."""
         body = {"model": self.name, "prompt": prompt, **extra}
-        return self._post("/v1/completions", body, timeout)["choices"][0]["text"]
+        return self._post("/v1/completions", body, timeout)
 
     # -- stopping -------------------------------------------------------------------------
 
