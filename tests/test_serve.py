@@ -107,6 +107,35 @@ def test_streamed_chat_equals_the_whole_reply(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_streaming_sends_tokens_as_they_are_sampled(client):
+    # Every token of the character-level tiny model is one character: each arrives on its own.
+    kwargs = {"model": "tiny-open", "messages": MESSAGES, "max_tokens": 40, "seed": 4}
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    deltas = [
+        c.choices[0].delta.content
+        for c in client.chat.completions.create(**kwargs, stream=True)
+        if c.choices and c.choices[0].delta.content
+    ]
+    assert "".join(deltas) == whole
+    assert len(deltas) >= len(whole.strip()) - 2
+
+
+def test_streams_of_several_choices_and_a_stop_string(client):
+    kwargs = {"model": "tiny-open", "prompt": "abc", "max_tokens": 30, "n": 2, "seed": 9}
+    whole = [c.text for c in client.completions.create(**kwargs).choices]
+    stop = whole[0][5] if len(whole[0]) > 5 else "\n"
+    cut = [c.text for c in client.completions.create(**kwargs, stop=[stop]).choices]
+    texts = ["", ""]
+    finish = [None, None]
+    for chunk in client.completions.create(**kwargs, stop=[stop], stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finish[choice.index] = choice.finish_reason or finish[choice.index]
+    assert texts == cut
+    assert cut[0] == whole[0][: whole[0].index(stop)]
+    assert finish[0] == "stop"
+
+
 def test_n_gives_distinct_indexed_choices(client):
     reply = client.chat.completions.create(
         model="tiny-open", messages=MESSAGES, max_tokens=16, n=2, seed=5

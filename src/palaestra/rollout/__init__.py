@@ -6,7 +6,8 @@ a vLLM server) without the training loop noticing: ``generate`` and ``sync_weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -32,6 +33,9 @@ class GenerationRequest:
     token_ids: list[int]
     n: int
     params: SamplingParams
+    on_token: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
+    """Called from the generating thread as each token is sampled, with (which of the ``n``
+    completions, token id): how a server streams. It must return quickly."""
 
 
 class RolloutEngine(Protocol):

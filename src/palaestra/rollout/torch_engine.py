@@ -28,6 +28,8 @@ class _Row:
     params: object
     generator: torch.Generator
     prompt_len: int
+    sample: int = 0
+    """Which of its request's ``n`` completions this row is."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str | None = None
@@ -82,7 +84,7 @@ class TorchEngine:
                 else:  # still reproducible under torch.manual_seed
                     seed = int(torch.randint(2**62, (1,)))
                 generator = torch.Generator(device).manual_seed(seed)
-                rows.append(_Row(r, params, generator, len(request.token_ids)))
+                rows.append(_Row(r, params, generator, len(request.token_ids), j))
         was_training = self.model.training
         self.model.eval()
         try:
@@ -156,6 +158,9 @@ class TorchEngine:
             for b, row in enumerate(active):
                 row.token_ids.append(tokens_B[b])
                 row.logprobs.append(logprobs_B[b])
+                on_token = requests[row.request].on_token
+                if on_token is not None:
+                    on_token(row.sample, tokens_B[b])
                 if not self._finished(row, tokens_B[b]):
                     keep.append(b)
             if not keep:

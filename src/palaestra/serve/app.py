@@ -9,7 +9,7 @@ once: ``/health`` says 503 until the model is ready, then 200.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from palaestra.models.config import ModelConfig
 from palaestra.rollout import GenerationRequest, SamplingParams
 from palaestra.serve.batcher import Batcher
+from palaestra.serve.streaming import stream_requests
 from palaestra.types import Completion
 
 DEFAULT_MAX_TOKENS = 512
@@ -187,11 +188,10 @@ def create_app(state: State, api_key: str | None = None) -> FastAPI:
         # The template writes its own special tokens.
         prompt_ids = served.tokenizer(text, add_special_tokens=False).input_ids
         request = _generation_request(served, body, prompt_ids)
-        completions = await served.batcher.submit(request)
-        reply = _Reply("chatcmpl", served.name, len(prompt_ids), completions)
         if body.stream:
-            return _stream(reply.chat_chunks(served.config, _include_usage(body)))
-        return reply.chat(served.config)
+            return _stream(served, [request], "chatcmpl", body, len(prompt_ids), chat=True)
+        completions = await served.batcher.submit(request)
+        return _Reply("chatcmpl", served.name, len(prompt_ids), completions).chat(served.config)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
@@ -201,24 +201,14 @@ def create_app(state: State, api_key: str | None = None) -> FastAPI:
             raise APIError(400, "prompt: give at least one prompt", param="prompt")
         ids = [served.tokenizer(p).input_ids for p in prompts]
         requests = [_generation_request(served, body, prompt_ids) for prompt_ids in ids]
-        results = (
-            [await served.batcher.submit(r) for r in requests]
-            if len(requests) == 1
-            else (await _gather(served.batcher, requests))
-        )
-        flat = [c for completions_n in results for c in completions_n]
-        reply = _Reply("cmpl", served.name, sum(len(i) for i in ids) * body.n, flat)
+        prompt_tokens = sum(len(i) for i in ids)
         if body.stream:
-            return _stream(reply.text_chunks(_include_usage(body)))
-        return reply.text()
+            return _stream(served, requests, "cmpl", body, prompt_tokens, chat=False)
+        results = await asyncio.gather(*(served.batcher.submit(r) for r in requests))
+        flat = [c for completions_n in results for c in completions_n]
+        return _Reply("cmpl", served.name, prompt_tokens, flat).text()
 
     return app
-
-
-async def _gather(batcher: Batcher, requests: list[GenerationRequest]) -> list[list[Completion]]:
-    import asyncio
-
-    return list(await asyncio.gather(*(batcher.submit(r) for r in requests)))
 
 
 def _served(state: State, model: str | None) -> ServedModel:
@@ -265,29 +255,56 @@ def _include_usage(body: _Request) -> bool:
     return bool((body.stream_options or {}).get("include_usage"))
 
 
-def _stream(chunks) -> StreamingResponse:
-    async def events():
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
+def _stream(
+    served: ServedModel, requests, prefix: str, body: _Request, prompt_tokens: int, chat: bool
+) -> StreamingResponse:
+    """Server-sent events that carry each token as it is sampled."""
+    head = {
+        "id": f"{prefix}-{secrets.token_hex(12)}",
+        "created": int(time.time()),
+        "model": served.name,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+    }
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    def chunk(index: int, delta: dict[str, Any] | None, finish_reason: str | None):
+        if chat:
+            choice = {"index": index, "delta": delta or {}}
+        else:
+            choice = {"index": index, "text": (delta or {}).get("content", "")}
+        return {**head, "choices": [{**choice, "logprobs": None, "finish_reason": finish_reason}]}
+
+    def usage(completions: list[Completion]) -> dict[str, Any]:
+        return {**head, "choices": [], "usage": _usage(prompt_tokens, completions)}
+
+    events = stream_requests(
+        served.batcher,
+        requests,
+        served.tokenizer,
+        served.config.parse_response if chat else None,
+        chunk,
+        usage if _include_usage(body) else None,
+    )
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+def _usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, int]:
+    completion_tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class _Reply:
-    """One request's completions, written as a whole response or as stream chunks."""
+    """One request's completions, written as a whole response."""
 
     def __init__(self, prefix: str, model: str, prompt_tokens: int, completions: list[Completion]):
         self.id = f"{prefix}-{secrets.token_hex(12)}"
         self.model = model
         self.created = int(time.time())
         self.completions = completions
-        completion_tokens = sum(len(c.token_ids) for c in completions)
-        self.usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        self.usage = _usage(prompt_tokens, completions)
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -309,57 +326,9 @@ class _Reply:
             )
         return {**self._head("chat.completion"), "choices": choices, "usage": self.usage}
 
-    def chat_chunks(self, config: ModelConfig, include_usage: bool):
-        head = self._head("chat.completion.chunk")
-        for index, completion in enumerate(self.completions):
-            parsed = config.parse_response(completion.text)
-            yield {**head, "choices": [_delta(index, {"role": "assistant", "content": ""})]}
-            if parsed.thinking:
-                yield {**head, "choices": [_delta(index, {"reasoning_content": parsed.thinking})]}
-            for piece in _pieces(parsed.content):
-                yield {**head, "choices": [_delta(index, {"content": piece})]}
-            yield {**head, "choices": [_delta(index, {}, completion.finish_reason)]}
-        if include_usage:
-            yield {**head, "choices": [], "usage": self.usage}
-
     def text(self) -> dict[str, Any]:
         choices = [
             {"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
             for i, c in enumerate(self.completions)
         ]
         return {**self._head("text_completion"), "choices": choices, "usage": self.usage}
-
-    def text_chunks(self, include_usage: bool):
-        head = self._head("text_completion")
-        for index, completion in enumerate(self.completions):
-            for piece in _pieces(completion.text):
-                yield {
-                    **head,
-                    "choices": [
-                        {"index": index, "text": piece, "logprobs": None, "finish_reason": None}
-                    ],
-                }
-            yield {
-                **head,
-                "choices": [
-                    {
-                        "index": index,
-                        "text": "",
-                        "logprobs": None,
-                        "finish_reason": completion.finish_reason,
-                    }
-                ],
-            }
-        if include_usage:
-            yield {**head, "choices": [], "usage": self.usage}
-
-
-def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-
-def _pieces(text: str) -> list[str]:
-    """``text`` in word-sized pieces (each keeps its leading whitespace), for streaming."""
-    import re
-
-    return re.findall(r"\s*\S+|\s+$", text)
