@@ -41,10 +41,15 @@ class HaikuDataset(HuggingFaceDataset):
 train_dataset = HaikuDataset(hf_split="train")
 eval_dataset = HaikuDataset(hf_split="test")
 
-# Sampling for evaluation: the same length budget and temperature as training's rollouts, one
-# answer per topic, a fixed seed so that the three evaluations are comparable.
+# Rollouts and evaluation share one sampling setup. 28 new tokens leave room for a haiku (about
+# 20 tokens) but not for a long answer: at 48 tokens most three-line answers this model writes
+# have long lines and score below the -10 of anything else, so the reward would teach it to stop
+# writing three lines. A temperature of 0.8 keeps more of its answers coherent.
 MAX_TOKENS = 28
 TEMPERATURE = 0.8
+# Four answers per topic (one batched request each) and a fixed seed, so that the three
+# evaluations compare models rather than luck.
+SAMPLES_PER_TOPIC = 4
 GENERATE = {
     "max_tokens": MAX_TOKENS,
     "temperature": TEMPERATURE,
@@ -54,11 +59,15 @@ GENERATE = {
 
 
 def run_eval(deployment, max_concurrency: int = 8) -> float:
-    result = EvalConfig(eval_dataset, eval_fn=score_haiku, generate_kwargs=GENERATE).evaluate(
-        deployment, max_concurrency=max_concurrency
-    )
-    better = sum(row["score"] > -10 for row in result.rows)
-    print(f"  {better}/{result.total} answers score above -10; saved as {result.id}")
+    result = EvalConfig(
+        eval_dataset,
+        eval_fn=score_haiku,
+        generate_kwargs=GENERATE,
+        n_samples_per_prompt=SAMPLES_PER_TOPIC,
+    ).evaluate(deployment, max_concurrency=max_concurrency)
+    scores = [score for row in result.rows for score in row["scores"]]
+    better = sum(score > -10 for score in scores)
+    print(f"  {better}/{len(scores)} answers score above -10; saved as {result.id}")
     return result.mean
 
 
@@ -76,6 +85,8 @@ def recipe(num_rollout: int, **fields) -> SmolLM2_135M_Recipe:
         rollout_temperature=TEMPERATURE,
         apply_chat_template_kwargs='{"enable_thinking": false}',
         custom_rm_function=haiku_rm,
+        # The preset's 2e-6 barely moves this model in 30 steps; 1e-5 does, and with the short
+        # length budget above it moves towards three short lines.
         lr=1e-5,
         **fields,
     )
