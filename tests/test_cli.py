@@ -186,7 +186,12 @@ def test_train_from_toml_shows_steps_and_run_stop_stops_it(registry, capsys, tmp
     reward = TrainingRun.from_id(run_id).metrics()[0]["reward_mean"]
     assert f"reward {reward:+.3f} ±" in step_1 and " s/step" in step_1
 
-    # The run now waits at step 2 for a gate this test never opens: it is running.
+    # The run now waits at step 2 for a gate this test never opens: it is running. The progress
+    # line comes from metrics.jsonl, written a moment before status.json takes the step.
+    deadline = time.monotonic() + 30
+    while TrainingRun.from_id(run_id).status_info().get("step") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     code, out, _ = cli(capsys, "run", "list", "--status", "running")
     (row,) = out.splitlines()[1:]
     assert row.split()[:2] == [run_id, "running"] and "1/3" in row.split()
