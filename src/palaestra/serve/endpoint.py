@@ -52,6 +52,34 @@ def default_name(model: ModelConfig, checkpoint: Any = None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-")
 
 
+def endpoint_record(
+    name: str,
+    model: ModelConfig,
+    checkpoint: Any,
+    host: str,
+    port: int | None,
+    authenticated: bool,
+    log: Path | None,
+) -> dict[str, Any]:
+    """What ``<name>.json`` holds before the server has bound its port (``url`` and ``pid``
+    come later)."""
+    return {
+        "name": name,
+        "url": None,
+        "host": host,
+        "port": port,
+        "pid": None,
+        "pid_start": None,
+        "model": model.name,
+        "checkpoint": str(checkpoint.path) if checkpoint is not None else None,
+        "run_id": checkpoint.run_id if checkpoint is not None else None,
+        "step": checkpoint.step if checkpoint is not None else None,
+        "started_at": time.time(),
+        "log": str(log) if log is not None else None,
+        "authenticated": authenticated,
+    }
+
+
 class Endpoint:
     """A handle on a served model: its ``url``, its ``api_key`` (None when unauthenticated),
     ``chat`` to talk to it, ``stop`` to end it."""
@@ -109,23 +137,10 @@ class Endpoint:
         if api_key is not None:
             write_bytes_atomic(key_file, api_key.encode())
             key_file.chmod(0o600)
-        info = {
-            "name": name,
-            "url": None,
-            "host": host,
-            "port": port,
-            "pid": None,
-            "pid_start": None,
-            "model": model.name,
-            "checkpoint": str(checkpoint.path) if checkpoint is not None else None,
-            "run_id": checkpoint.run_id if checkpoint is not None else None,
-            "step": checkpoint.step if checkpoint is not None else None,
-            "started_at": time.time(),
-            "log": str(log),
-            "authenticated": api_key is not None,
-        }
+        info = endpoint_record(name, model, checkpoint, host, port, api_key is not None, log)
         write_json_atomic(record, info)
-        spec = root / f"{name}.spec.json"
+        # Not *.json: the folder's *.json files are endpoint records.
+        spec = root / f"{name}.spec"
         write_json_atomic(
             spec,
             {
@@ -174,11 +189,7 @@ class Endpoint:
     @classmethod
     def list(cls) -> list[Endpoint]:
         """Every running endpoint, newest first."""
-        found = [
-            cls._find(p.stem)
-            for p in endpoints_root().glob("*.json")
-            if not p.name.endswith(".spec.json")
-        ]
+        found = [cls._find(p.stem) for p in endpoints_root().glob("*.json")]
         endpoints = [e for e in found if e is not None]
         return sorted(endpoints, key=lambda e: e.info.get("started_at", 0), reverse=True)
 
@@ -314,7 +325,7 @@ class Endpoint:
             self._client.close()
             self._client = None
         root = endpoints_root()
-        for suffix in (".json", ".key", ".spec.json"):
+        for suffix in (".json", ".key", ".spec"):
             (root / f"{self.name}{suffix}").unlink(missing_ok=True)
 
     def __repr__(self) -> str:

@@ -133,35 +133,29 @@ def serve_in_foreground(
     from palaestra.atomic import write_json_atomic
     from palaestra.runs.directory import process_start_time
     from palaestra.runs.handles import Checkpoint
-    from palaestra.serve.endpoint import default_name, endpoints_root
+    from palaestra.serve.endpoint import default_name, endpoint_record, endpoints_root
 
-    model, checkpoint = resolve_target(target)
-    name = name or default_name(model, Checkpoint.from_path(checkpoint) if checkpoint else None)
+    model, checkpoint_path = resolve_target(target)
+    checkpoint = Checkpoint.from_path(checkpoint_path) if checkpoint_path else None
+    name = name or default_name(model, checkpoint)
     record = endpoints_root() / f"{name}.json"
-    info = Checkpoint.from_path(checkpoint) if checkpoint else None
+    info = endpoint_record(name, model, checkpoint, host, port, api_key is not None, None)
 
     def on_bound(url: str) -> None:
+        pid = os.getpid()
         write_json_atomic(
             record,
             {
-                "name": name,
+                **info,
                 "url": url,
-                "host": host,
                 "port": int(url.rsplit(":", 1)[1]),
-                "pid": os.getpid(),
-                "pid_start": process_start_time(os.getpid()),
-                "model": model.name,
-                "checkpoint": checkpoint,
-                "run_id": info.run_id if info else None,
-                "step": info.step if info else None,
-                "started_at": time.time(),
-                "log": None,
-                "authenticated": api_key is not None,
+                "pid": pid,
+                "pid_start": process_start_time(pid),
             },
         )
 
     try:
-        serve(name, model, checkpoint, host, port, api_key, on_bound)
+        serve(name, model, checkpoint_path, host, port, api_key, on_bound)
     finally:
         record.unlink(missing_ok=True)
 
