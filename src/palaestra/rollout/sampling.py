@@ -6,6 +6,8 @@ top-p and random generator, so a seeded row draws the same tokens whatever share
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -31,30 +33,51 @@ def sample_next_tokens(
     of tokens whose mass reaches ``top_p``, and the log-prob is the one under the temperature
     alone (before the top-p cut), which is what the trainer recomputes: it scores tokens under
     the sampling temperature and does not model top-p, as TRL does not.
+
+    Sampling inverts each row's cumulative distribution at one uniform draw from the row's own
+    generator: one batched cumsum and search instead of a ``multinomial`` call per row.
     """
     logits_B_V = logits_B_V.float()
+    device = logits_B_V.device
     # Greedy rows are scaled by 1: their log-prob is the raw logits' log-softmax.
-    scale_B_1 = torch.tensor([t if t > 0 else 1.0 for t in temperatures_B]).unsqueeze(-1)
-    logprobs_B_V = torch.log_softmax(logits_B_V / scale_B_1.to(logits_B_V.device), dim=-1)
-    greedy_B = logits_B_V.argmax(dim=-1).tolist()
-    tokens_B: list[int] = []
-    for b, (temperature, top_p) in enumerate(zip(temperatures_B, top_ps_B, strict=True)):
-        if temperature <= 0:
-            tokens_B.append(greedy_B[b])
-            continue
-        probs_V = logprobs_B_V[b].exp()
-        if top_p < 1.0:
-            probs_V = nucleus(probs_V, top_p)
-        tokens_B.append(int(torch.multinomial(probs_V, 1, generator=generators_B[b])))
-    picked_B = logprobs_B_V.gather(-1, torch.tensor(tokens_B, device=logits_B_V.device)[:, None])
-    return tokens_B, picked_B.squeeze(-1).tolist()
+    scale_B_1 = torch.tensor([t if t > 0 else 1.0 for t in temperatures_B], device=device)
+    logprobs_B_V = torch.log_softmax(logits_B_V / scale_B_1.unsqueeze(-1), dim=-1)
+    probs_B_V = logprobs_B_V.exp()
+    if any(p < 1.0 for p in top_ps_B):
+        # Rows at top_p 1 keep every token, rounding in the running mass notwithstanding.
+        thresholds_B = [p if p < 1.0 else math.inf for p in top_ps_B]
+        top_p_B_1 = torch.tensor(thresholds_B, device=device).unsqueeze(-1)
+        probs_B_V = nucleus(probs_B_V, top_p_B_1)
+    uniforms_B = torch.stack([torch.rand((), generator=g, device=device) for g in generators_B])
+    tokens_B = inverse_cdf(probs_B_V, uniforms_B)
+    greedy_B = torch.tensor([t <= 0 for t in temperatures_B], device=device)
+    tokens_B = torch.where(greedy_B, logits_B_V.argmax(dim=-1), tokens_B)
+    picked_B = logprobs_B_V.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+    return tokens_B.tolist(), picked_B.tolist()
 
 
-def nucleus(probs_V: torch.Tensor, top_p: float) -> torch.Tensor:
+def inverse_cdf(probs_B_V: torch.Tensor, uniforms_B: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative mass exceeds ``uniform * total mass``.
+
+    Rows need not be normalised (a nucleus cut leaves them short of 1). A token of zero mass
+    adds nothing to the running sum, so it can never be the first to exceed the target.
+    """
+    cdf_B_V = probs_B_V.cumsum(dim=-1)
+    total_B = cdf_B_V[:, -1]
+    # Rounding could lift ``uniform * total`` to the total itself, past every token; keep the
+    # target just below it, so the search always lands on a token with mass.
+    targets_B = torch.minimum(
+        uniforms_B * total_B, torch.nextafter(total_B, torch.zeros_like(total_B))
+    )
+    return torch.searchsorted(cdf_B_V, targets_B.unsqueeze(-1), right=True).squeeze(-1)
+
+
+def nucleus(probs_V: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """``probs_V`` with everything outside the top-``top_p`` nucleus set to zero.
 
     A token is kept when the mass of the tokens more likely than it is still below ``top_p``,
-    so the most likely token always survives.
+    so the most likely token always survives. Works on a batch of rows too, with ``top_p`` a
+    number or a column of one threshold per row.
     """
     sorted_V, order_V = torch.sort(probs_V, descending=True)
     mass_before_V = torch.cumsum(sorted_V, dim=-1) - sorted_V
