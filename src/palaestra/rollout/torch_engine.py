@@ -10,6 +10,7 @@ machine.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass, field
 
@@ -37,12 +38,22 @@ class _Row:
 
 
 class TorchEngine:
-    """Generates with a transformers causal LM, at most ``max_batch`` rows per forward pass."""
+    """Generates with a transformers causal LM, at most ``max_batch`` rows per forward pass,
+    in the model's own precision or (``dtype``) from a copy of it in another one."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_batch: int = 64) -> None:
-        self.model = model
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        max_batch: int = 64,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.dtype = dtype
+        self.model = model
+        """The module that samples: ``model`` itself, or its copy in ``dtype``."""
+        self.sync_weights(model)
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -58,7 +69,16 @@ class TorchEngine:
         return int(self.model.config.max_position_embeddings)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        self.model = model
+        """Sample from ``model``'s current weights (copied into the sampling copy, if any)."""
+        if self.dtype is None or next(model.parameters()).dtype == self.dtype:
+            self.model = model
+            return
+        if self.model is model:  # first call: make the copy
+            self.model = sampling_copy(model, self.dtype)
+            return
+        with torch.no_grad():
+            for sampled, trained in zip(self.model.parameters(), model.parameters(), strict=True):
+                sampled.copy_(trained)
 
     def _cache_kwarg(self) -> str:
         # transformers 5 renamed ``past_key_values`` to ``cache``; older releases know the first.
@@ -201,3 +221,17 @@ class TorchEngine:
             return False
         row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         return True
+
+
+def sampling_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of ``model`` with its parameters in ``dtype``.
+
+    Buffers keep their precision: rotary frequencies rounded to bfloat16 would shift the
+    positions of long sequences. Tied parameters stay tied, so each is converted once.
+    """
+    clone = copy.deepcopy(model).eval()
+    for parameter in clone.parameters():
+        parameter.requires_grad_(False)
+        parameter.grad = None
+        parameter.data = parameter.data.to(dtype)
+    return clone
