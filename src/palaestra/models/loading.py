@@ -1,4 +1,5 @@
-"""Loading weights and tokenizers, and the one-time GGUF to safetensors conversion."""
+"""Loading weights and tokenizers, the one-time GGUF to safetensors conversion, and the
+precision the passes run in."""
 
 from __future__ import annotations
 
@@ -91,3 +92,18 @@ def load_causal_lm(
         path, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
     )
     return model.to(device)
+
+
+def compute_dtype(precision: str, device: torch.device | str) -> torch.dtype:
+    """The dtype ``Recipe.precision`` resolves to on ``device``: "auto" is bfloat16 where the
+    hardware multiplies it natively (a CUDA GPU that supports it, a CPU with AVX-512 BF16 or
+    AMX), else float32, which is also what a CPU without them would emulate bfloat16 in."""
+    if precision == "float32":
+        return torch.float32
+    if precision == "bfloat16":
+        return torch.bfloat16
+    if torch.device(device).type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return torch.bfloat16 if native else torch.float32

@@ -28,7 +28,7 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     """The model's weights (the checkpoint's, if given) behind a batcher, ready to serve."""
     import torch
 
-    from palaestra.models.loading import load_causal_lm, load_tokenizer
+    from palaestra.models.loading import compute_dtype, load_causal_lm, load_tokenizer
     from palaestra.rollout import TorchEngine
     from palaestra.train.lora import adapter_base, is_adapter_checkpoint
 
@@ -43,7 +43,10 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     else:
         lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
     lm.eval()
-    engine = TorchEngine(lm, tokenizer)
+    # Serve from a bfloat16 copy where the hardware multiplies bfloat16 natively (about twice
+    # the tokens per second); the float32 weights are dropped once it is made.
+    dtype = compute_dtype("auto", "cpu")
+    engine = TorchEngine(lm, tokenizer, dtype=None if dtype == torch.float32 else dtype)
     return ServedModel(
         name, model, tokenizer, Batcher(engine.generate_requests), engine.max_context
     )

@@ -4,16 +4,24 @@ Its interface is small on purpose (``train_step``, ``state_dict``, ``load_state_
 distributed backend can run it as an actor. One ``train_step`` is one rollout's worth of
 training: score the log-probs the loss compares against (the sampling policy's, the KL
 reference's), then ``num_steps_per_rollout`` optimiser steps over consecutive mini-batches.
+
+Where the time goes, and what keeps it low: the forward and backward passes run under bfloat16
+autocast when ``Recipe.precision`` resolves to it (float32 master weights, float32 softmax);
+batches are right-padded and sorted by length, so no attention mask is needed and padding stays
+low; the lm head runs only on scored positions, a chunk at a time (``algo.logprobs``); the
+sampler's log-probs stand in for a scoring pass whenever they can; AdamW is fused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 
+from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.algo.losses import (
     LossScale,
     aggregate,
@@ -21,9 +29,8 @@ from palaestra.algo.losses import (
     gspo_loss,
     kl_penalty,
     ppo_clip_loss,
-    token_entropy,
-    token_logprobs,
 )
+from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
 from palaestra.train.batch import micro_batch_rows, micro_batches, mini_batches, take_rows
 from palaestra.types import TrainBatch
@@ -39,10 +46,13 @@ class Learner:
         self.model = model
         self.recipe = recipe
         self.reference = reference
+        self.device = next(model.parameters()).device
+        self.dtype = compute_dtype(recipe.precision, self.device)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=recipe.lr,
             weight_decay=recipe.weight_decay,
+            fused=True,  # one kernel for the whole update, on the CPU as on a GPU
         )
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -79,17 +89,12 @@ class Learner:
             num_tokens, len(batch.advantages_B), len(micros), recipe.rollout_max_response_len
         )
         sums: dict[str, float] = defaultdict(float)
-        device = next(self.model.parameters()).device
         for micro in micros:
-            micro = micro.to(device)
-            logits_B_T_V = self.model(
-                input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
-            ).logits
-            # Score tokens under the sampling temperature (as the sampler saw them; top-p
-            # truncation is not modelled, as in TRL).
-            logits_B_T_V = logits_B_T_V[:, :-1].float() / recipe.rollout_temperature
-            logprobs_B_T = token_logprobs(logits_B_T_V, micro.input_ids_B_T[:, 1:])
-            loss = self._loss(micro, logits_B_T_V, logprobs_B_T, scale, sums)
+            micro = micro.to(self.device)
+            logprobs_B_T, entropy_B_T = score_tokens(
+                self.model, micro, recipe.rollout_temperature, self.dtype
+            )
+            loss = self._loss(micro, logprobs_B_T, entropy_B_T, scale, sums)
             loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), recipe.max_grad_norm or float("inf")
@@ -112,22 +117,19 @@ class Learner:
     def _loss(
         self,
         micro: TrainBatch,
-        logits_B_T_V: torch.Tensor,
         logprobs_B_T: torch.Tensor,
+        entropy_B_T: torch.Tensor,
         scale: LossScale,
         sums: dict[str, float],
     ) -> torch.Tensor:
         """This micro-batch's share of the step's loss; adds its token sums to ``sums``."""
         recipe = self.recipe
-        mask_B_T = micro.mask_B_T[:, :-1]
-
-        def shifted(tensor_B_T: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor_B_T is None else tensor_B_T[:, :-1]
+        mask_B_T = micro.mask_B_T
 
         def token_sum(values_B_T: torch.Tensor) -> float:
             return float((values_B_T.detach() * mask_B_T).sum())
 
-        old_B_T = shifted(micro.old_logprobs_B_T)
+        old_B_T = micro.old_logprobs_B_T
         if old_B_T is None:
             old_B_T = logprobs_B_T.detach()
         if recipe.loss_type == "sft_loss":
@@ -154,23 +156,17 @@ class Learner:
         loss = aggregate(per_token_B_T, mask_B_T, recipe.loss_type, scale)
 
         if recipe.entropy_coef > 0:
-            entropy_B_T = token_entropy(logits_B_T_V)
             loss = loss - recipe.entropy_coef * aggregate(
                 entropy_B_T, mask_B_T, recipe.loss_type, scale
             )
-        else:
-            with torch.no_grad():
-                entropy_B_T = token_entropy(logits_B_T_V)
         sums["entropy"] += token_sum(entropy_B_T)
 
-        ref_B_T = shifted(micro.ref_logprobs_B_T)
-        if ref_B_T is not None:
-            kl_B_T = kl_penalty(logprobs_B_T, ref_B_T, recipe.kl_loss_type)
+        if micro.ref_logprobs_B_T is not None:
+            kl_B_T = kl_penalty(logprobs_B_T, micro.ref_logprobs_B_T, recipe.kl_loss_type)
             loss = loss + recipe.kl_loss_coef * aggregate(kl_B_T, mask_B_T, recipe.loss_type, scale)
             sums["kl"] += token_sum(kl_B_T)
-        sampler_B_T = shifted(micro.sampler_logprobs_B_T)
-        if sampler_B_T is not None:
-            sums["sampler_abs_diff"] += token_sum((logprobs_B_T - sampler_B_T).abs())
+        if micro.sampler_logprobs_B_T is not None:
+            sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
 
@@ -186,22 +182,54 @@ class Learner:
             group["weight_decay"] = self.recipe.weight_decay
 
 
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for the passes: matmuls in ``dtype``, weights and their updates float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def score_tokens(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logprobs_B_T`` and ``entropy_B_T`` of the scored tokens of ``batch`` under ``model``,
+    aligned like ``batch.mask_B_T`` (position t holds token t + 1's); 0 where the mask is 0.
+
+    Tokens are scored under the sampling ``temperature`` (as the sampler saw them; top-p
+    truncation is not modelled, as in TRL). The batch is right-padded, so with causal
+    attention no real token sees padding and no attention mask is needed.
+    """
+    device = batch.input_ids_B_T.device
+    scored_B_T = batch.mask_B_T > 0
+    scored_B_T[:, -1] = False  # the last position predicts no token of the batch
+    targets_N = batch.input_ids_B_T[:, 1:][scored_B_T[:, :-1]]
+    head = model.get_output_embeddings()
+    with autocast(device, dtype):
+        hidden_B_T_D = model.get_decoder()(input_ids=batch.input_ids_B_T).last_hidden_state
+        logprobs_N, entropy_N = chunked_token_logprobs(
+            hidden_B_T_D[scored_B_T], head.weight, targets_N, temperature, head.bias
+        )
+    zeros_B_T = torch.zeros(scored_B_T.shape, dtype=torch.float32, device=device)
+    return (
+        zeros_B_T.masked_scatter(scored_B_T, logprobs_N),
+        zeros_B_T.masked_scatter(scored_B_T, entropy_N),
+    )
+
+
 @torch.no_grad()
 def score_logprobs(model: torch.nn.Module, batch: TrainBatch, recipe: Recipe) -> torch.Tensor:
-    """``logprobs_B_T`` of ``batch``'s tokens under ``model`` as it is now, aligned like the
-    batch's mask (position t holds token t + 1's log-prob; the last column is 0)."""
+    """``logprobs_B_T`` of ``batch``'s scored tokens under ``model`` as it is now, in the
+    recipe's precision, aligned like the batch's mask (position t holds token t + 1's log-prob;
+    0 where the mask is 0)."""
     was_training = model.training
     model.eval()  # no dropout: these are the fixed log-probs the updates compare against
     device = next(model.parameters()).device
+    dtype = compute_dtype(recipe.precision, device)
     out_B_T = torch.zeros(batch.input_ids_B_T.shape, dtype=torch.float32)
     try:
         for rows in micro_batch_rows(batch, recipe.train_micro_batch_size):
             micro = take_rows(batch, rows).to(device)
-            logits_B_T_V = model(
-                input_ids=micro.input_ids_B_T, attention_mask=micro.attention_mask_B_T
-            ).logits
-            logits_B_T_V = logits_B_T_V[:, :-1].float() / recipe.rollout_temperature
-            logprobs_B_T = token_logprobs(logits_B_T_V, micro.input_ids_B_T[:, 1:])
+            logprobs_B_T, _ = score_tokens(model, micro, recipe.rollout_temperature, dtype)
             out_B_T[rows, : logprobs_B_T.shape[1]] = logprobs_B_T.cpu()
     finally:
         model.train(was_training)

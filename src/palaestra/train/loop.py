@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from palaestra.algo.advantages import compute_advantages, informative_groups
-from palaestra.models.loading import load_tokenizer
+from palaestra.models.loading import compute_dtype, load_tokenizer
 from palaestra.rewards import RewardScorer
 from palaestra.rollout import SamplingParams, TorchEngine
 from palaestra.runs.directory import RunDirectory
@@ -76,7 +76,7 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
         learner.load_state_dict(state["learner"])
     if "rng" in state:
         restore_rng(state["rng"])
-    engine = TorchEngine(model, tokenizer)
+    engine = make_engine(model, tokenizer, recipe)
     cursor = state.get("cursor", 0)
     P, G = recipe.rollout_batch_size, recipe.n_samples_per_prompt
     run.update_status(state="running", step=step, total_steps=last_step, first_step=first_step)
@@ -196,6 +196,12 @@ def run_training(config: TrainConfig, run: RunDirectory, resume: bool = False) -
             run.append_jsonl("metrics.jsonl", [metrics])
             run.update_status(step=step)
             print(step_line(metrics, last_step, saved), flush=True)
+
+
+def make_engine(model: torch.nn.Module, tokenizer, recipe) -> TorchEngine:
+    """The rollout engine for ``model``: sampling in the recipe's precision."""
+    dtype = compute_dtype(recipe.precision, next(model.parameters()).device)
+    return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
 
 
 def rollout(
