@@ -54,7 +54,13 @@ def convert_gguf(gguf: Path, name: str) -> Path:
         tokenizer.save_pretrained(staging)
         fsync_tree(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            # Another process converted the same file meanwhile: its copy is as good as ours.
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
