@@ -9,8 +9,9 @@ from conftest import build_tiny_model, build_tokenizer
 from palaestra.algo.advantages import compute_advantages
 from palaestra.recipes import Recipe
 from palaestra.train.batch import build_train_batch
-from palaestra.train.learner import Learner, score_logprobs
+from palaestra.train.learner import Learner
 from palaestra.train.reference import load_reference
+from palaestra.train.scoring import score_logprobs
 from palaestra.types import Sample
 
 RESPONSES = ["abc", "xyz", "sun sun", "Qq"]

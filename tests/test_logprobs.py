@@ -17,7 +17,8 @@ from palaestra.recipes import Recipe
 from palaestra.rollout import SamplingParams, TorchEngine
 from palaestra.rollout.sampling import inverse_cdf, sample_next_tokens
 from palaestra.train.batch import build_train_batch
-from palaestra.train.learner import Learner, score_tokens
+from palaestra.train.learner import Learner
+from palaestra.train.scoring import score_tokens
 from palaestra.types import Sample
 
 # Float32 throughout unless a test says otherwise: the fast and plain paths differ only in the
@@ -152,10 +153,71 @@ def test_the_learners_loss_and_gradients_equal_the_plain_reference(tokenizer, ba
         assert torch.allclose(fast.grad, plain.grad, atol=FLOAT32_TOLERANCE), name
 
 
+@pytest.fixture(scope="module")
+def grouped_batch(tokenizer):
+    # Two prompts with three samples each (one group of three answers of different lengths
+    # per prompt), and a prompt of its own, in the order a step lays them out.
+    prompts = ["Write about rain"] * 3 + ["Sea"] * 3 + ["A haiku on snow please"]
+    responses = ["Drops", "Drops on a tin roof", "Grey", "Waves", "Salt and foam", "W", "Hush"]
+    samples = samples_of(tokenizer, prompts, responses)
+    advantages = torch.tensor([1.0, -0.5, -0.5, 0.3, 0.9, -1.2, 0.0])
+    return build_train_batch(samples, advantages, tokenizer.pad_token_id)
+
+
+def test_samples_of_one_prompt_share_its_pass_with_equal_results(tokenizer, grouped_batch):
+    from palaestra.train.batch import prefix_groups
+
+    # Contexts: the prompt less its last character (that one scores the first answer token).
+    groups = prefix_groups(grouped_batch.input_ids_B_T, grouped_batch.mask_B_T > 0)
+    assert groups == [([0, 1, 2], 15), ([3, 4, 5], 2), ([6], 21)]
+
+    fast_model = build_tiny_model(tokenizer, seed=9)
+    plain_model = build_tiny_model(tokenizer, seed=9)
+    mask_B_T = grouped_batch.mask_B_T[:, :-1]
+    upstream_B_T = torch.randn(mask_B_T.shape, generator=torch.Generator().manual_seed(0))
+
+    fast_logprobs_B_T, fast_entropy_B_T = score_tokens(
+        fast_model, grouped_batch, 0.9, torch.float32
+    )
+    plain_logprobs_B_T, plain_entropy_B_T = plain_scores(plain_model, grouped_batch, 0.9)
+    diff = (fast_logprobs_B_T[:, :-1] - plain_logprobs_B_T).abs() * mask_B_T
+    assert float(diff.detach().max()) < FLOAT32_TOLERANCE
+    diff = (fast_entropy_B_T[:, :-1] - plain_entropy_B_T).abs() * mask_B_T
+    assert float(diff.detach().max()) < FLOAT32_TOLERANCE
+
+    # Gradients through the shared prompt pass equal those of a pass per sample.
+    (
+        (fast_logprobs_B_T[:, :-1] + fast_entropy_B_T[:, :-1]) * mask_B_T * upstream_B_T
+    ).sum().backward()
+    ((plain_logprobs_B_T + plain_entropy_B_T) * mask_B_T * upstream_B_T).sum().backward()
+    for (name, fast), plain in zip(
+        fast_model.named_parameters(), plain_model.parameters(), strict=True
+    ):
+        assert torch.allclose(fast.grad, plain.grad, atol=FLOAT32_TOLERANCE), name
+
+
+def test_micro_batches_keep_a_prompts_samples_together(grouped_batch):
+    from palaestra.train.batch import micro_batch_rows
+
+    # Lengths: prompt 16 + answers 5, 19, 4; prompt 3 + 5, 13, 1; prompt 22 + 4.
+    # Groups longest first (35, 26, 16), each longest first.
+    rows = [r.tolist() for r in micro_batch_rows(grouped_batch, 4)]
+    assert rows == [[1, 0, 2, 6], [4, 3, 5]]
+
+
+def test_nothing_scored_gives_zeros_that_still_backpropagate(tokenizer, batch):
+    model = build_tiny_model(tokenizer, seed=10)
+    masked_out = dataclasses.replace(batch, mask_B_T=torch.zeros_like(batch.mask_B_T))
+    logprobs_B_T, entropy_B_T = score_tokens(model, masked_out, 1.0, torch.float32)
+    assert float(logprobs_B_T.detach().abs().sum()) == 0.0
+    logprobs_B_T.sum().backward()  # a step of all-truncated answers must not crash
+
+
 def test_bfloat16_autocast_stays_close_to_float32(tokenizer, batch):
     model = build_tiny_model(tokenizer, seed=6)
-    fp32_B_T, _ = score_tokens(model, batch, 1.0, torch.float32)
-    bf16_B_T, _ = score_tokens(model, batch, 1.0, torch.bfloat16)
+    with torch.no_grad():
+        fp32_B_T, _ = score_tokens(model, batch, 1.0, torch.float32)
+        bf16_B_T, _ = score_tokens(model, batch, 1.0, torch.bfloat16)
     mask_B_T = batch.mask_B_T
     mean_diff = float(((bf16_B_T - fp32_B_T).abs() * mask_B_T).sum() / mask_B_T.sum())
     # bfloat16 keeps 8 bits of mantissa (relative error 2^-9 per rounding); a 2-layer model's

@@ -86,6 +86,13 @@ def make_cache(config, capacity: int) -> DynamicCache:
     layout (sliding windows, linear attention) keeps transformers' own layers, which know it.
     """
     cache = DynamicCache(config=config)
-    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+    if has_plain_attention(config):
         cache.layers = [PreallocatedLayer(capacity) for _ in cache.layers]
     return cache
+
+
+def has_plain_attention(config) -> bool:
+    """Whether every layer of a model with ``config`` is full attention over a growing cache
+    of keys and values (no sliding window, no linear attention)."""
+    layers = DynamicCache(config=config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)

@@ -68,14 +68,38 @@ def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
     )
 
 
-def micro_batch_rows(batch: TrainBatch, size: int) -> list[torch.Tensor]:
-    """Row indices of each micro-batch: ``size`` sequences of similar length.
+def prefix_groups(
+    input_ids_B_T: torch.Tensor, scored_B_T: torch.Tensor
+) -> list[tuple[list[int], int]]:
+    """Rows that share their context, each group with the length of that context.
 
-    Sorting by length first keeps padding low; every aggregation's normaliser is a count over
-    the whole step (``LossScale``), so the order of sequences does not change the loss.
+    A row's context is its tokens before its first scored position (position t scores token
+    t + 1, so a GRPO sample's context is its prompt but the last token): the part whose hidden
+    states only feed later positions. Samples of one prompt share it. A row with nothing scored
+    is a group of its own, with context length 0. Groups come in order of their first row.
     """
-    lengths_B = batch.attention_mask_B_T.sum(dim=1)
-    order_B = torch.argsort(lengths_B, descending=True, stable=True)
+    first_B = torch.where(scored_B_T.any(dim=1), scored_B_T.int().argmax(dim=1), 0).tolist()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for b, start in enumerate(first_B):
+        key = tuple(input_ids_B_T[b, :start].tolist()) if start else (-1 - b,)
+        groups.setdefault(key, []).append(b)
+    return [(rows, first_B[rows[0]]) for rows in groups.values()]
+
+
+def micro_batch_rows(batch: TrainBatch, size: int) -> list[torch.Tensor]:
+    """Row indices of each micro-batch: ``size`` sequences, samples of one prompt together
+    (they share its pass, see ``train.scoring``), then by length.
+
+    Groups go longest first, and rows within a group too, so padding stays low; every
+    aggregation's normaliser is a count over the whole step (``LossScale``), so the order of
+    sequences does not change the loss.
+    """
+    lengths_B = batch.attention_mask_B_T.sum(dim=1).tolist()
+    groups = [rows for rows, _ in prefix_groups(batch.input_ids_B_T, batch.mask_B_T > 0)]
+    groups.sort(key=lambda rows: -max(lengths_B[b] for b in rows))
+    order_B = torch.tensor(
+        [b for rows in groups for b in sorted(rows, key=lambda b: -lengths_B[b])]
+    )
     return [order_B[start : start + size] for start in range(0, len(order_B), size)]
 
 

@@ -5,23 +5,19 @@ distributed backend can run it as an actor. One ``train_step`` is one rollout's 
 training: score the log-probs the loss compares against (the sampling policy's, the KL
 reference's), then ``num_steps_per_rollout`` optimiser steps over consecutive mini-batches.
 
-Where the time goes, and what keeps it low: the forward and backward passes run under bfloat16
-autocast when ``Recipe.precision`` resolves to it (float32 master weights, float32 softmax);
-batches are right-padded and sorted by length, so no attention mask is needed and padding stays
-low; the lm head runs only on scored positions, a chunk at a time (``algo.logprobs``); the
-sampler's log-probs stand in for a scoring pass whenever they can; AdamW is fused.
+The passes run as ``train.scoring`` lays out (a group's prompt once, bfloat16 autocast where
+the hardware has it, the lm head only where tokens are scored); the sampler's log-probs stand
+in for a scoring pass whenever they can; AdamW is fused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 
-from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.algo.losses import (
     LossScale,
     aggregate,
@@ -32,7 +28,8 @@ from palaestra.algo.losses import (
 )
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
-from palaestra.train.batch import micro_batch_rows, micro_batches, mini_batches, take_rows
+from palaestra.train.batch import micro_batches, mini_batches
+from palaestra.train.scoring import score_logprobs, score_tokens
 from palaestra.types import TrainBatch
 
 # Scores a batch under some fixed policy: logprobs_B_T aligned like the batch's mask.
@@ -180,57 +177,3 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = self.recipe.lr
             group["weight_decay"] = self.recipe.weight_decay
-
-
-def autocast(device: torch.device, dtype: torch.dtype):
-    """Mixed precision for the passes: matmuls in ``dtype``, weights and their updates float32."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def score_tokens(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logprobs_B_T`` and ``entropy_B_T`` of the scored tokens of ``batch`` under ``model``,
-    aligned like ``batch.mask_B_T`` (position t holds token t + 1's); 0 where the mask is 0.
-
-    Tokens are scored under the sampling ``temperature`` (as the sampler saw them; top-p
-    truncation is not modelled, as in TRL). The batch is right-padded, so with causal
-    attention no real token sees padding and no attention mask is needed.
-    """
-    device = batch.input_ids_B_T.device
-    scored_B_T = batch.mask_B_T > 0
-    scored_B_T[:, -1] = False  # the last position predicts no token of the batch
-    targets_N = batch.input_ids_B_T[:, 1:][scored_B_T[:, :-1]]
-    head = model.get_output_embeddings()
-    with autocast(device, dtype):
-        hidden_B_T_D = model.get_decoder()(input_ids=batch.input_ids_B_T).last_hidden_state
-        logprobs_N, entropy_N = chunked_token_logprobs(
-            hidden_B_T_D[scored_B_T], head.weight, targets_N, temperature, head.bias
-        )
-    zeros_B_T = torch.zeros(scored_B_T.shape, dtype=torch.float32, device=device)
-    return (
-        zeros_B_T.masked_scatter(scored_B_T, logprobs_N),
-        zeros_B_T.masked_scatter(scored_B_T, entropy_N),
-    )
-
-
-@torch.no_grad()
-def score_logprobs(model: torch.nn.Module, batch: TrainBatch, recipe: Recipe) -> torch.Tensor:
-    """``logprobs_B_T`` of ``batch``'s scored tokens under ``model`` as it is now, in the
-    recipe's precision, aligned like the batch's mask (position t holds token t + 1's log-prob;
-    0 where the mask is 0)."""
-    was_training = model.training
-    model.eval()  # no dropout: these are the fixed log-probs the updates compare against
-    device = next(model.parameters()).device
-    dtype = compute_dtype(recipe.precision, device)
-    out_B_T = torch.zeros(batch.input_ids_B_T.shape, dtype=torch.float32)
-    try:
-        for rows in micro_batch_rows(batch, recipe.train_micro_batch_size):
-            micro = take_rows(batch, rows).to(device)
-            logprobs_B_T, _ = score_tokens(model, micro, recipe.rollout_temperature, dtype)
-            out_B_T[rows, : logprobs_B_T.shape[1]] = logprobs_B_T.cpu()
-    finally:
-        model.train(was_training)
-    return out_B_T

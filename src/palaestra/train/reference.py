@@ -12,7 +12,8 @@ import torch
 
 from palaestra.models.loading import load_causal_lm
 from palaestra.recipes import Recipe
-from palaestra.train.learner import Scorer, score_logprobs
+from palaestra.train.learner import Scorer
+from palaestra.train.scoring import score_logprobs
 from palaestra.types import TrainBatch
 
 

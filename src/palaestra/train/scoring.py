@@ -1,0 +1,141 @@
+"""Scoring a batch under the policy: the log-prob and entropy of every token the loss counts.
+
+This is the learner's forward pass, and nearly all of a step's arithmetic, so it avoids work
+that changes no number:
+
+- A group's samples share their prompt. Its tokens run through the model once per group, and
+  the group's samples continue from that prompt's keys and values (gradients flow back through
+  them into the one prompt pass), instead of once per sample: with 8 samples of a 40-token
+  prompt and 40-token answers, that is 45% fewer tokens through the model.
+- Rows are right-padded, so with causal attention no real token sees padding and no attention
+  mask is needed.
+- The lm head runs only at scored positions, a chunk at a time (``algo.logprobs``).
+- Matmuls run in bfloat16 under autocast when the recipe's precision resolves to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+
+from palaestra.algo.logprobs import chunked_token_logprobs
+from palaestra.models.loading import compute_dtype
+from palaestra.recipes import Recipe
+from palaestra.rollout.kv_cache import has_plain_attention
+from palaestra.train.batch import micro_batch_rows, prefix_groups, take_rows
+from palaestra.types import TrainBatch
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for the passes: matmuls in ``dtype``, weights and their updates float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def score_tokens(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logprobs_B_T`` and ``entropy_B_T`` of the scored tokens of ``batch`` under ``model``,
+    aligned like ``batch.mask_B_T`` (position t holds token t + 1's); 0 where the mask is 0.
+
+    Tokens are scored under the sampling ``temperature`` (as the sampler saw them; top-p
+    truncation is not modelled, as in TRL).
+    """
+    input_ids_B_T = batch.input_ids_B_T
+    device = input_ids_B_T.device
+    scored_B_T = batch.mask_B_T > 0
+    scored_B_T[:, -1] = False  # the last position predicts no token of the batch
+    lengths_B = batch.attention_mask_B_T.sum(dim=1).tolist()
+    decoder = model.get_decoder()
+    share = has_plain_attention(model.config)
+    alone, shared = [], []
+    for rows, start in prefix_groups(input_ids_B_T, scored_B_T):
+        if share and len(rows) > 1 and start > 0:
+            shared.append((rows, start))
+        else:
+            alone += [b for b in rows if scored_B_T[b].any()]
+    zeros_B_T = torch.zeros(scored_B_T.shape, dtype=torch.float32, device=device)
+    if not alone and not shared:  # nothing to score (every response masked out)
+        zeros_B_T.requires_grad_(torch.is_grad_enabled())
+        return zeros_B_T, zeros_B_T.detach()
+
+    hidden, rows_N, cols_N = [], [], []
+    with autocast(device, dtype):
+        if alone:
+            # Rows with a context of their own: one plain pass over them all.
+            width = max(lengths_B[b] for b in alone)
+            hidden_A_T_D = decoder(input_ids=input_ids_B_T[alone, :width]).last_hidden_state
+            where_A_T = scored_B_T[alone, :width]
+            hidden.append(hidden_A_T_D[where_A_T])
+            a, t = where_A_T.nonzero(as_tuple=True)
+            rows_N.append(torch.tensor(alone, device=device)[a])
+            cols_N.append(t)
+        for rows, start in shared:
+            # The shared prompt once, then every row's own tokens after it, batched.
+            width = max(lengths_B[b] for b in rows) - start
+            hidden_G_S_D = continue_from_prefix(
+                decoder, input_ids_B_T[rows[0], :start], input_ids_B_T[rows, start : start + width]
+            )
+            where_G_S = scored_B_T[rows, start : start + width]
+            hidden.append(hidden_G_S_D[where_G_S])
+            g, s = where_G_S.nonzero(as_tuple=True)
+            rows_N.append(torch.tensor(rows, device=device)[g])
+            cols_N.append(s + start)
+        rows_N, cols_N = torch.cat(rows_N), torch.cat(cols_N)
+        head = model.get_output_embeddings()
+        logprobs_N, entropy_N = chunked_token_logprobs(
+            torch.cat(hidden),
+            head.weight,
+            input_ids_B_T[rows_N, cols_N + 1],
+            temperature,
+            head.bias,
+        )
+    return (
+        zeros_B_T.index_put((rows_N, cols_N), logprobs_N),
+        zeros_B_T.index_put((rows_N, cols_N), entropy_N),
+    )
+
+
+def continue_from_prefix(
+    decoder: torch.nn.Module, prefix_T: torch.Tensor, suffixes_G_S: torch.Tensor
+) -> torch.Tensor:
+    """Final hidden states of each row of ``suffixes_G_S``, every row read after ``prefix_T``.
+
+    The prefix runs once; its keys and values are repeated for the G rows, which attend to them
+    as if each had the prefix in front. Autograd sums the rows' gradients into the one prefix.
+    """
+    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else None
+    cache_arg = cache_arg or "past_key_values"  # transformers before 5.x
+    out = decoder(input_ids=prefix_T[None], use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    cache.batch_repeat_interleave(suffixes_G_S.shape[0])
+    start, width = prefix_T.shape[0], suffixes_G_S.shape[1]
+    positions_G_S = torch.arange(start, start + width, device=prefix_T.device).expand_as(
+        suffixes_G_S
+    )
+    return decoder(
+        input_ids=suffixes_G_S, position_ids=positions_G_S, use_cache=True, **{cache_arg: cache}
+    ).last_hidden_state
+
+
+@torch.no_grad()
+def score_logprobs(model: torch.nn.Module, batch: TrainBatch, recipe: Recipe) -> torch.Tensor:
+    """``logprobs_B_T`` of ``batch``'s scored tokens under ``model`` as it is now, in the
+    recipe's precision, aligned like the batch's mask (position t holds token t + 1's log-prob;
+    0 where the mask is 0)."""
+    was_training = model.training
+    model.eval()  # no dropout: these are the fixed log-probs the updates compare against
+    device = next(model.parameters()).device
+    dtype = compute_dtype(recipe.precision, device)
+    out_B_T = torch.zeros(batch.input_ids_B_T.shape, dtype=torch.float32)
+    try:
+        for rows in micro_batch_rows(batch, recipe.train_micro_batch_size):
+            micro = take_rows(batch, rows).to(device)
+            logprobs_B_T, _ = score_tokens(model, micro, recipe.rollout_temperature, dtype)
+            out_B_T[rows, : logprobs_B_T.shape[1]] = logprobs_B_T.cpu()
+    finally:
+        model.train(was_training)
+    return out_B_T
