@@ -1,22 +1,32 @@
-"""Log-probs and entropies of chosen tokens straight from hidden states, a chunk at a time.
+"""Log-probs and entropies of chosen tokens straight from hidden states, without ever holding
+a vocabulary-wide row of logits per token.
 
 The trainer needs, for each response token, ``log softmax(h W^T / temperature)[target]`` and
-the entropy of that distribution. Computing it the plain way materialises a float32
-vocabulary-wide row of logits for every token of the batch, keeps it alive for the backward
-pass, and pays the lm head on prompt and padding positions whose results are thrown away.
-Here the head is applied only to the positions that are scored, ``chunk_size`` tokens at a
-time, and each chunk's logits are recomputed in the backward pass instead of being kept
-(activation checkpointing), so at most one chunk of logits exists at once.
+the entropy of that distribution. The plain way materialises float32 logits for every token
+of the batch, keeps them (and the softmax) for the backward pass, and autograd then walks
+several vocabulary-wide elementwise ops back, each a trip through main memory. Here the head
+runs only on the positions that are scored, and over the vocabulary a slice at a time, so each
+slice of logits is made, used and dropped while it is still in cache: the forward keeps a
+running maximum, normaliser and expected logit per token (as flash attention does over keys),
+and the backward recomputes each slice and writes the gradient in closed form:
+
+    z = (h W^T + b) / temperature,   p = softmax(z),   E = sum_v p_v z_v
+    logprob = z_target - logsumexp(z)           d logprob / dz = onehot(target) - p
+    entropy = logsumexp(z) - E                  d entropy / dz = -p * (z - E)
+
+Each slice of the head's weight gets its gradient once, whole; the backward costs one extra
+head matmul over the plain way.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-CHUNK_SIZE = 1024
-"""Tokens per chunk: large enough for an efficient matmul, small enough that one chunk's
-logits (chunk x vocabulary floats) stay a few hundred MB at most."""
+TOKEN_CHUNK = 512
+"""Tokens per outer chunk: bounds a slice of logits at TOKEN_CHUNK x VOCAB_CHUNK floats."""
+VOCAB_CHUNK = 1024
+"""Vocabulary entries per slice: small enough that a slice of logits and of the head's weight
+stay in cache, large enough for an efficient matmul."""
 
 
 def chunked_token_logprobs(
@@ -25,51 +35,104 @@ def chunked_token_logprobs(
     targets_N: torch.Tensor,
     temperature: float = 1.0,
     head_bias_V: torch.Tensor | None = None,
-    chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logprobs_N`` of ``targets_N`` and ``entropy_N`` of each token's distribution, under
     ``softmax((hidden @ head_weight^T + head_bias) / temperature)``, both float32.
 
     Equal (up to float rounding) to :func:`palaestra.algo.losses.token_logprobs` and
-    :func:`~palaestra.algo.losses.token_entropy` on the full logits, gradients included.
+    :func:`~palaestra.algo.losses.token_entropy` on the full logits, gradients included. The
+    matmuls run in the autocast dtype when autocast is on, the softmax in float32.
     """
-    logprobs, entropies = [], []
-    for start in range(0, hidden_N_D.shape[0], chunk_size):
-        hidden_C_D = hidden_N_D[start : start + chunk_size]
-        targets_C = targets_N[start : start + chunk_size]
-        if torch.is_grad_enabled() and (hidden_C_D.requires_grad or head_weight_V_D.requires_grad):
-            logprobs_C, entropy_C = checkpoint(
-                _chunk,
-                hidden_C_D,
-                head_weight_V_D,
-                head_bias_V,
-                targets_C,
-                temperature,
-                use_reentrant=False,
-            )
-        else:
-            logprobs_C, entropy_C = _chunk(
-                hidden_C_D, head_weight_V_D, head_bias_V, targets_C, temperature
-            )
-        logprobs.append(logprobs_C)
-        entropies.append(entropy_C)
-    if not logprobs:
-        empty = hidden_N_D.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logprobs), torch.cat(entropies)
+    device = hidden_N_D.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden_N_D, head_weight_V_D = hidden_N_D.to(dtype), head_weight_V_D.to(dtype)
+        head_bias_V = None if head_bias_V is None else head_bias_V.to(dtype)
+    with torch.autocast(device, enabled=False):
+        return _HeadLogprobs.apply(hidden_N_D, head_weight_V_D, head_bias_V, targets_N, temperature)
 
 
-def _chunk(
-    hidden_C_D: torch.Tensor,
-    weight_V_D: torch.Tensor,
-    bias_V: torch.Tensor | None,
-    targets_C: torch.Tensor,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # The matmul runs in whatever precision autocast asks for; the softmax in float32.
-    logits_C_V = torch.nn.functional.linear(hidden_C_D, weight_V_D, bias_V).float() / temperature
-    log_z_C = torch.logsumexp(logits_C_V, dim=-1)
-    picked_C = logits_C_V.gather(-1, targets_C.unsqueeze(-1)).squeeze(-1)
-    probs_C_V = torch.softmax(logits_C_V, dim=-1)
-    entropy_C = log_z_C - (probs_C_V * logits_C_V).sum(dim=-1)
-    return picked_C - log_z_C, entropy_C
+def _slices(total: int, size: int):
+    return [slice(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+def _logits(hidden_C_D, weight_V_D, bias_V, vocab: slice, temperature: float) -> torch.Tensor:
+    """Float32 logits / temperature of tokens ``hidden_C_D`` over the vocabulary slice."""
+    bias = None if bias_V is None else bias_V[vocab]
+    return torch.nn.functional.linear(hidden_C_D, weight_V_D[vocab], bias).float() / temperature
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature):
+        N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
+        log_z_N = hidden_N_D.new_empty(N, dtype=torch.float32)
+        picked_N = torch.empty_like(log_z_N)
+        expected_N = torch.empty_like(log_z_N)
+        for tokens in _slices(N, TOKEN_CHUNK):
+            hidden_C_D, targets_C = hidden_N_D[tokens], targets_N[tokens]
+            # Running max m, sum s of exp(z - m), and sum t of exp(z - m) * z, per token.
+            m_C = torch.full_like(log_z_N[tokens], -torch.inf)
+            s_C, t_C = torch.zeros_like(m_C), torch.zeros_like(m_C)
+            for vocab in _slices(V, VOCAB_CHUNK):
+                z_C_v = _logits(hidden_C_D, weight_V_D, bias_V, vocab, temperature)
+                new_m_C = torch.maximum(m_C, z_C_v.amax(dim=-1))
+                rescale_C = torch.exp(m_C - new_m_C)
+                e_C_v = torch.exp(z_C_v - new_m_C[:, None])
+                s_C = s_C * rescale_C + e_C_v.sum(-1)
+                t_C = t_C * rescale_C + (e_C_v * z_C_v).sum(-1)
+                m_C = new_m_C
+                inside_C = (targets_C >= vocab.start) & (targets_C < vocab.stop)
+                offsets_C = (targets_C - vocab.start).clamp(0, z_C_v.shape[1] - 1)
+                here_C = z_C_v.gather(-1, offsets_C[:, None]).squeeze(-1)
+                picked_N[tokens] = torch.where(inside_C, here_C, picked_N[tokens])
+            log_z_N[tokens] = m_C + s_C.log()
+            expected_N[tokens] = t_C / s_C
+        ctx.save_for_backward(hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N)
+        ctx.temperature = temperature
+        return picked_N - log_z_N, log_z_N - expected_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N = ctx.saved_tensors
+        temperature = ctx.temperature
+        want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
+        if grad_logprobs_N is None:
+            grad_logprobs_N = torch.zeros_like(log_z_N)
+        grad_hidden_N_D = torch.zeros_like(hidden_N_D, dtype=torch.float32)
+        grad_weight_V_D = torch.zeros_like(weight_V_D, dtype=torch.float32) if want_weight else None
+        grad_bias_V = torch.zeros_like(bias_V, dtype=torch.float32) if want_bias else None
+        for tokens in _slices(N, TOKEN_CHUNK):
+            hidden_C_D, targets_C = hidden_N_D[tokens], targets_N[tokens]
+            log_z_C, g_logprob_C = log_z_N[tokens, None], grad_logprobs_N[tokens, None]
+            for vocab in _slices(V, VOCAB_CHUNK):
+                z_C_v = _logits(hidden_C_D, weight_V_D, bias_V, vocab, temperature)
+                p_C_v = torch.exp(z_C_v - log_z_C)
+                # dL/dz = g_logprob * onehot(target) - p * (g_logprob + g_entropy * (z - E))
+                weight_C_v = g_logprob_C
+                if grad_entropy_N is not None:
+                    weight_C_v = (z_C_v - expected_N[tokens, None]) * grad_entropy_N[
+                        tokens, None
+                    ] + g_logprob_C
+                grad_z_C_v = -p_C_v * weight_C_v
+                inside_C = (targets_C >= vocab.start) & (targets_C < vocab.stop)
+                offsets_C = (targets_C - vocab.start).clamp(0, z_C_v.shape[1] - 1)
+                grad_z_C_v.scatter_add_(
+                    -1, offsets_C[:, None], (g_logprob_C.squeeze(-1) * inside_C)[:, None]
+                )
+                # z = logits / temperature: the chain rule divides once more.
+                grad_logits_C_v = (grad_z_C_v / temperature).to(weight_V_D.dtype)
+                if want_hidden:
+                    grad_hidden_N_D[tokens] += grad_logits_C_v @ weight_V_D[vocab]
+                if want_weight:
+                    grad_weight_V_D[vocab] += grad_logits_C_v.T @ hidden_C_D
+                if want_bias:
+                    grad_bias_V[vocab] += grad_logits_C_v.float().sum(0)
+        return (
+            grad_hidden_N_D.to(hidden_N_D.dtype) if want_hidden else None,
+            None if grad_weight_V_D is None else grad_weight_V_D.to(weight_V_D.dtype),
+            None if grad_bias_V is None else grad_bias_V.to(bias_V.dtype),
+            None,
+            None,
+        )

@@ -64,10 +64,13 @@ def score_tokens(
 
     hidden, rows_N, cols_N = [], [], []
     with autocast(device, dtype):
+        # One embedding lookup for the micro-batch, so its backward (a dense, vocabulary-sized
+        # gradient) runs once, however many passes read slices of it.
+        embeds_B_T_D = model.get_input_embeddings()(input_ids_B_T)
         if alone:
             # Rows with a context of their own: one plain pass over them all.
             width = max(lengths_B[b] for b in alone)
-            hidden_A_T_D = decoder(input_ids=input_ids_B_T[alone, :width]).last_hidden_state
+            hidden_A_T_D = decoder(inputs_embeds=embeds_B_T_D[alone, :width]).last_hidden_state
             where_A_T = scored_B_T[alone, :width]
             hidden.append(hidden_A_T_D[where_A_T])
             a, t = where_A_T.nonzero(as_tuple=True)
@@ -77,7 +80,7 @@ def score_tokens(
             # The shared prompt once, then every row's own tokens after it, batched.
             width = max(lengths_B[b] for b in rows) - start
             hidden_G_S_D = continue_from_prefix(
-                decoder, input_ids_B_T[rows[0], :start], input_ids_B_T[rows, start : start + width]
+                decoder, embeds_B_T_D[rows[0], :start], embeds_B_T_D[rows, start : start + width]
             )
             where_G_S = scored_B_T[rows, start : start + width]
             hidden.append(hidden_G_S_D[where_G_S])
@@ -100,24 +103,26 @@ def score_tokens(
 
 
 def continue_from_prefix(
-    decoder: torch.nn.Module, prefix_T: torch.Tensor, suffixes_G_S: torch.Tensor
+    decoder: torch.nn.Module, prefix_T_D: torch.Tensor, suffixes_G_S_D: torch.Tensor
 ) -> torch.Tensor:
-    """Final hidden states of each row of ``suffixes_G_S``, every row read after ``prefix_T``.
+    """Final hidden states of each row of ``suffixes_G_S_D`` (input embeddings), every row
+    read after the one ``prefix_T_D``.
 
     The prefix runs once; its keys and values are repeated for the G rows, which attend to them
     as if each had the prefix in front. Autograd sums the rows' gradients into the one prefix.
     """
     cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else None
     cache_arg = cache_arg or "past_key_values"  # transformers before 5.x
-    out = decoder(input_ids=prefix_T[None], use_cache=True)
+    out = decoder(inputs_embeds=prefix_T_D[None], use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
-    cache.batch_repeat_interleave(suffixes_G_S.shape[0])
-    start, width = prefix_T.shape[0], suffixes_G_S.shape[1]
-    positions_G_S = torch.arange(start, start + width, device=prefix_T.device).expand_as(
-        suffixes_G_S
-    )
+    cache.batch_repeat_interleave(suffixes_G_S_D.shape[0])
+    start, width = prefix_T_D.shape[0], suffixes_G_S_D.shape[1]
+    positions_S = torch.arange(start, start + width, device=prefix_T_D.device)
     return decoder(
-        input_ids=suffixes_G_S, position_ids=positions_G_S, use_cache=True, **{cache_arg: cache}
+        inputs_embeds=suffixes_G_S_D,
+        position_ids=positions_S.expand(suffixes_G_S_D.shape[0], width),
+        use_cache=True,
+        **{cache_arg: cache},
     ).last_hidden_state
 
 
