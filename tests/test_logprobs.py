@@ -66,11 +66,14 @@ def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(monkeypatch
         assert torch.allclose(fast, ref, atol=1e-5)
 
 
-def test_chunked_logprobs_of_no_tokens_are_empty():
+def test_chunked_logprobs_of_no_tokens_are_empty_with_zero_gradients():
+    weight_V_D = torch.ones(6, 4, requires_grad=True)
     logprobs_N, entropy_N = chunked_token_logprobs(
-        torch.zeros(0, 4), torch.zeros(6, 4), torch.zeros(0, dtype=torch.long)
+        torch.zeros(0, 4), weight_V_D, torch.zeros(0, dtype=torch.long)
     )
     assert logprobs_N.shape == entropy_N.shape == (0,)
+    (logprobs_N.sum() + entropy_N.sum()).backward()
+    assert torch.equal(weight_V_D.grad, torch.zeros(6, 4))
 
 
 def samples_of(tokenizer, prompts, responses):

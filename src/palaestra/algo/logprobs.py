@@ -44,38 +44,47 @@ def chunked_token_logprobs(
     matmuls run in the autocast dtype when autocast is on, the softmax in float32.
     """
     device = hidden_N_D.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        hidden_N_D, head_weight_V_D = hidden_N_D.to(dtype), head_weight_V_D.to(dtype)
-        head_bias_V = None if head_bias_V is None else head_bias_V.to(dtype)
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     with torch.autocast(device, enabled=False):
-        return _HeadLogprobs.apply(hidden_N_D, head_weight_V_D, head_bias_V, targets_N, temperature)
+        return _HeadLogprobs.apply(
+            hidden_N_D, head_weight_V_D, head_bias_V, targets_N, temperature, dtype
+        )
 
 
 def _slices(total: int, size: int):
     return [slice(start, min(start + size, total)) for start in range(0, total, size)]
 
 
-def _logits(hidden_C_D, weight_V_D, bias_V, vocab: slice, temperature: float) -> torch.Tensor:
-    """Float32 logits / temperature of tokens ``hidden_C_D`` over the vocabulary slice."""
-    bias = None if bias_V is None else bias_V[vocab]
-    return torch.nn.functional.linear(hidden_C_D, weight_V_D[vocab], bias).float() / temperature
+def _logits(hidden_C_D, weight_v_D, bias_v, temperature: float) -> torch.Tensor:
+    """Float32 logits / temperature of tokens ``hidden_C_D`` over one vocabulary slice (its
+    weight and bias already in the compute dtype)."""
+    return torch.nn.functional.linear(hidden_C_D, weight_v_D, bias_v).float() / temperature
+
+
+def _slice_params(weight_V_D, bias_V, vocab: slice, dtype):
+    """One vocabulary slice of the head in the compute dtype. The full weight stays float32:
+    casting it whole would cost a pass over it (and another for its gradient) per call, while
+    a slice is cast in cache."""
+    weight_v_D = weight_V_D[vocab].to(dtype)
+    return weight_v_D, None if bias_V is None else bias_V[vocab].to(dtype)
 
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature):
+    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature, dtype):
+        dtype = dtype or weight_V_D.dtype
         N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
         log_z_N = hidden_N_D.new_empty(N, dtype=torch.float32)
         picked_N = torch.empty_like(log_z_N)
         expected_N = torch.empty_like(log_z_N)
         for tokens in _slices(N, TOKEN_CHUNK):
-            hidden_C_D, targets_C = hidden_N_D[tokens], targets_N[tokens]
+            hidden_C_D, targets_C = hidden_N_D[tokens].to(dtype), targets_N[tokens]
             # Running max m, sum s of exp(z - m), and sum t of exp(z - m) * z, per token.
             m_C = torch.full_like(log_z_N[tokens], -torch.inf)
             s_C, t_C = torch.zeros_like(m_C), torch.zeros_like(m_C)
             for vocab in _slices(V, VOCAB_CHUNK):
-                z_C_v = _logits(hidden_C_D, weight_V_D, bias_V, vocab, temperature)
+                weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
+                z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
                 new_m_C = torch.maximum(m_C, z_C_v.amax(dim=-1))
                 rescale_C = torch.exp(m_C - new_m_C)
                 e_C_v = torch.exp(z_C_v - new_m_C[:, None])
@@ -89,25 +98,28 @@ class _HeadLogprobs(torch.autograd.Function):
             log_z_N[tokens] = m_C + s_C.log()
             expected_N[tokens] = t_C / s_C
         ctx.save_for_backward(hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.dtype = temperature, dtype
         return picked_N - log_z_N, log_z_N - expected_N
 
     @staticmethod
     def backward(ctx, grad_logprobs_N, grad_entropy_N):
         hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N = ctx.saved_tensors
-        temperature = ctx.temperature
+        temperature, dtype = ctx.temperature, ctx.dtype
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
         if grad_logprobs_N is None:
             grad_logprobs_N = torch.zeros_like(log_z_N)
         grad_hidden_N_D = torch.zeros_like(hidden_N_D, dtype=torch.float32)
-        grad_weight_V_D = torch.zeros_like(weight_V_D, dtype=torch.float32) if want_weight else None
-        grad_bias_V = torch.zeros_like(bias_V, dtype=torch.float32) if want_bias else None
-        for tokens in _slices(N, TOKEN_CHUNK):
-            hidden_C_D, targets_C = hidden_N_D[tokens], targets_N[tokens]
+        # Every slice of the weight's gradient is written whole by the first token chunk.
+        new = torch.empty_like if N else torch.zeros_like
+        grad_weight_V_D = new(weight_V_D, dtype=torch.float32) if want_weight else None
+        grad_bias_V = new(bias_V, dtype=torch.float32) if want_bias else None
+        for first, tokens in enumerate(_slices(N, TOKEN_CHUNK)):
+            hidden_C_D, targets_C = hidden_N_D[tokens].to(dtype), targets_N[tokens]
             log_z_C, g_logprob_C = log_z_N[tokens, None], grad_logprobs_N[tokens, None]
             for vocab in _slices(V, VOCAB_CHUNK):
-                z_C_v = _logits(hidden_C_D, weight_V_D, bias_V, vocab, temperature)
+                weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
+                z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
                 p_C_v = torch.exp(z_C_v - log_z_C)
                 # dL/dz = g_logprob * onehot(target) - p * (g_logprob + g_entropy * (z - E))
                 weight_C_v = g_logprob_C
@@ -122,17 +134,26 @@ class _HeadLogprobs(torch.autograd.Function):
                     -1, offsets_C[:, None], (g_logprob_C.squeeze(-1) * inside_C)[:, None]
                 )
                 # z = logits / temperature: the chain rule divides once more.
-                grad_logits_C_v = (grad_z_C_v / temperature).to(weight_V_D.dtype)
+                grad_logits_C_v = (grad_z_C_v / temperature).to(dtype)
                 if want_hidden:
-                    grad_hidden_N_D[tokens] += grad_logits_C_v @ weight_V_D[vocab]
+                    grad_hidden_N_D[tokens] += grad_logits_C_v @ weight_v_D
                 if want_weight:
-                    grad_weight_V_D[vocab] += grad_logits_C_v.T @ hidden_C_D
+                    grad_v_D = (grad_logits_C_v.T @ hidden_C_D).float()
+                    if first == 0:
+                        grad_weight_V_D[vocab] = grad_v_D
+                    else:
+                        grad_weight_V_D[vocab] += grad_v_D
                 if want_bias:
-                    grad_bias_V[vocab] += grad_logits_C_v.float().sum(0)
+                    grad_b_v = grad_logits_C_v.float().sum(0)
+                    if first == 0:
+                        grad_bias_V[vocab] = grad_b_v
+                    else:
+                        grad_bias_V[vocab] += grad_b_v
         return (
             grad_hidden_N_D.to(hidden_N_D.dtype) if want_hidden else None,
             None if grad_weight_V_D is None else grad_weight_V_D.to(weight_V_D.dtype),
             None if grad_bias_V is None else grad_bias_V.to(bias_V.dtype),
+            None,
             None,
             None,
         )
