@@ -1,0 +1,645 @@
+"""One GRPO step of palaestra against TRL's GRPOTrainer: same machine, model, data and config.
+
+    pip install -e '.[bench]'        # TRL, pinned
+    python bench/grpo_step.py [--steps 3] [--warmup 1] [--max-tokens 48] [--json results.json]
+
+A step is what both frameworks do for one optimiser update: sample ``--samples`` completions
+(8) of each of ``--prompts`` prompts (4) with up to ``--max-tokens`` new tokens (48) at
+temperature 1, top-p 1; score them with the haiku reward (``score_haiku``); turn the rewards
+into group-std-scaled advantages; take one AdamW update (lr 1e-6, no KL, DAPO loss: token sum
+over the step's response tokens / their count, grad-norm clip 1.0) over micro-batches of
+``--micro-batch`` sequences (16). The model is the embedded SmolLM2-135M-Instruct with float32
+weights, fully fine-tuned; palaestra computes in its recipe's default precision unless
+``--precision`` (auto, float32, bfloat16) says otherwise, TRL in float32 (``bf16=False``).
+TRL runs with its gradient checkpointing off and a constant learning rate, as palaestra does
+(its defaults are on and linear decay). Prompts are "Write a haiku about {keywords}." from
+the built-in haiku train split, in file order, through the model's chat template; both sides
+take the same prompts at each step.
+
+The script is its own orchestrator: it measures the machine's matmul peak (float32 and
+bfloat16), starts one worker process per framework (``--worker palaestra``, ``--worker trl``),
+lets each load its model, then alternates single steps between them, so only one computes at a
+time and neither shares the cores: ``--warmup`` untimed steps, then ``--steps`` timed ones.
+It measures the peak again after the workers exit.
+
+Each step reports: wall seconds (``step_s``), generation (``rollout_s``), reward scoring
+(``reward_s``), and everything after the rewards (``train_s``: advantages, batch building,
+forward and backward passes, optimiser step, weight sync); generated tokens (response tokens,
+end-of-sequence included); trained tokens (prompt + response, padding excluded); mean reward;
+the worker's peak RSS (VmHWM). From the sample lengths, ``flops.py`` gives each step's floor:
+its FLOPs at the measured matmul peak of the precision each stage runs in. The summary is a
+markdown table and a JSON object (also written to ``--json PATH``); worker logs go to
+``--log-dir``.
+
+TRL's timings come from inside its trainer: a callback marks each optimiser step (and holds
+the worker before it until the orchestrator says go), and a thin subclass times ``_generate``.
+TRL times generation itself, but reports it only to wandb, mlflow or trackio, not to its logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT = "Write a haiku about {keywords}."
+SIDES = ("palaestra", "trl")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per side")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (P)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (G)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="most new tokens per sample")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--micro-batch", type=int, default=16, help="sequences per fwd/bwd pass")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--model", default="SmolLM2_135M", help="a palaestra catalogue name")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="palaestra's Recipe.precision (auto, float32, bfloat16); default: the recipe's",
+    )
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--sides", default="palaestra,trl", help="which frameworks to run")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "palaestra-bench"
+    )
+    parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    batch = args.prompts * args.samples
+    if batch % args.micro_batch:
+        parser.error(f"--micro-batch {args.micro_batch} must divide prompts x samples = {batch}")
+    unknown = set(args.sides.split(",")) - set(SIDES)
+    if unknown:
+        parser.error(f"--sides: unknown {', '.join(sorted(unknown))}; pick from {SIDES}")
+    return args
+
+
+# Worker side: both frameworks share these.
+
+
+class Channel:
+    """The worker's line protocol: commands in on stdin, JSON out on the original stdout.
+
+    Everything else the worker (or a library) prints goes to stderr, so it cannot be mistaken
+    for a report."""
+
+    def __init__(self) -> None:
+        self.out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+
+    def send(self, message: dict) -> None:
+        self.out.write(json.dumps(message) + "\n")
+
+    def wait_for_step(self) -> bool:
+        """Block until the orchestrator says ``step`` (True) or ``quit`` / closes (False)."""
+        return sys.stdin.readline().strip() == "step"
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def step_prompts(tokenizer, count: int) -> list[dict]:
+    """The first ``count`` prompts the benchmark uses (cycling over the train split): chat
+    messages, token ids through the chat template, and the row index."""
+    from palaestra import builtin_dataset
+
+    path = builtin_dataset("haiku") / "train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    prompts = []
+    for k in range(count):
+        index = k % len(rows)
+        messages = [{"role": "user", "content": PROMPT.format(keywords=rows[index]["keywords"])}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The chat template writes its own special tokens.
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        prompts.append({"index": index, "messages": messages, "text": text, "token_ids": ids})
+    return prompts
+
+
+def load(args):
+    """Weights folder, tokenizer and float32 model, as palaestra loads them."""
+    import torch
+
+    import palaestra
+    from palaestra.models.loading import load_causal_lm, load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model_config = getattr(palaestra, args.model)()
+    weights = model_config.weights_path()
+    tokenizer = load_tokenizer(weights, model_config.chat_template, model_config.revision)
+    model = load_causal_lm(weights, torch.float32)
+    return weights, tokenizer, model
+
+
+def step_report(
+    step_s: float,
+    rollout_s: float,
+    reward_s: float,
+    sequences: list[tuple[int, int]],
+    prompt_lengths: list[int],
+    rewards: list[float],
+    **extra,
+) -> dict:
+    """One step's numbers, in the same form from both workers. ``sequences`` holds each
+    sample's (prompt tokens, response tokens); ``prompt_lengths`` each distinct prompt's."""
+    import torch
+
+    return {
+        "step_s": step_s,
+        "rollout_s": rollout_s,
+        "reward_s": reward_s,
+        "train_s": step_s - rollout_s - reward_s,
+        "generated_tokens": sum(r for _, r in sequences),
+        "trained_tokens": sum(p + r for p, r in sequences),
+        "reward_mean": statistics.fmean(rewards),
+        "peak_rss_mib": peak_rss_mib(),
+        "threads": torch.get_num_threads(),
+        "sequences": sequences,
+        "prompt_lengths": prompt_lengths,
+        **extra,
+    }
+
+
+def palaestra_worker(args: argparse.Namespace, channel: Channel) -> None:
+    import torch
+
+    from palaestra.algo.advantages import compute_advantages
+    from palaestra.recipes import Recipe
+    from palaestra.rewards.haiku import score_haiku
+    from palaestra.rollout import TorchEngine
+    from palaestra.train import loop
+    from palaestra.train.batch import build_train_batch
+    from palaestra.train.learner import Learner
+    from palaestra.types import Prompt
+
+    started = time.perf_counter()
+    weights, tokenizer, model = load(args)
+    model.config.use_cache = True
+    knobs = dict(
+        rollout_batch_size=args.prompts,
+        n_samples_per_prompt=args.samples,
+        rollout_max_response_len=args.max_tokens,
+        rollout_temperature=args.temperature,
+        rollout_top_p=args.top_p,
+        lr=args.lr,
+        max_grad_norm=args.max_grad_norm,
+        train_micro_batch_size=args.micro_batch,
+        advantage_estimator="grpo",
+        scale_rewards="group",
+        loss_type="dapo",
+        kl_loss_coef=0.0,
+        num_steps_per_rollout=1,
+        seed=args.seed,
+    )
+    if args.precision is not None:  # only when asked: older recipes have no such field
+        knobs["precision"] = args.precision
+    recipe = Recipe(**knobs)
+    learner = Learner(model, recipe)
+    make_engine = getattr(loop, "make_engine", None)
+    engine = make_engine(model, tokenizer, recipe) if make_engine else TorchEngine(model, tokenizer)
+    # The precision each stage computes in: the engine's sampling copy and the learner's
+    # autocast, where this palaestra has them; else the weights' own.
+    rollout_dtype = getattr(engine, "dtype", None) or next(engine.model.parameters()).dtype
+    train_dtype = getattr(learner, "dtype", None) or next(model.parameters()).dtype
+    P, G = args.prompts, args.samples
+    prompts = [
+        Prompt(p["index"], p["messages"], p["text"], token_ids=p["token_ids"])
+        for p in step_prompts(tokenizer, (args.warmup + args.steps) * P)
+    ]
+    channel.send(
+        {
+            "ready": True,
+            "load_s": time.perf_counter() - started,
+            "weights": weights,
+            "engine": type(engine).__name__,
+            "make_engine": make_engine is not None,
+            "rollout_dtype": str(rollout_dtype).removeprefix("torch."),
+            "train_dtype": str(train_dtype).removeprefix("torch."),
+            "recipe": recipe.to_json_dict(),
+        }
+    )
+
+    step = 0
+    while channel.wait_for_step():
+        step_prompts_P = prompts[step * P : (step + 1) * P]
+        step += 1
+        t0 = time.perf_counter()
+        samples_B = loop.rollout(engine, step_prompts_P, G, recipe, step)
+        t1 = time.perf_counter()
+        for sample in samples_B:
+            sample.reward = score_haiku(sample.response)
+        t2 = time.perf_counter()
+        rewards_P_G = torch.tensor([s.reward for s in samples_B]).view(-1, G)
+        advantages_B = compute_advantages(
+            rewards_P_G, recipe.advantage_estimator, recipe.scale_rewards
+        ).view(-1)
+        batch = build_train_batch(
+            samples_B, advantages_B, engine.pad_id, recipe.mask_truncated_responses
+        )
+        metrics = learner.train_step(batch)
+        engine.sync_weights(model)
+        t3 = time.perf_counter()
+        channel.send(
+            step_report(
+                t3 - t0,
+                t1 - t0,
+                t2 - t1,
+                [(len(s.prompt_token_ids), len(s.response_token_ids)) for s in samples_B],
+                [len(p.token_ids) for p in step_prompts_P],
+                rewards_P_G.view(-1).tolist(),
+                batch_tokens=int(batch.attention_mask_B_T.sum()),
+                loss=metrics["loss"],
+                grad_norm=metrics["grad_norm"],
+            )
+        )
+
+
+def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
+    import datasets
+    import trl
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from palaestra.rewards.haiku import score_haiku
+
+    started = time.perf_counter()
+    weights, tokenizer, model = load(args)
+    P, G = args.prompts, args.samples
+    total = args.warmup + args.steps
+    prompts = step_prompts(tokenizer, total * P)
+    prompt_tokens = {p["messages"][-1]["content"]: len(p["token_ids"]) for p in prompts}
+    # Unshuffled, TRL's sampler takes rows k*P .. k*P + P - 1 for optimiser step k: the same
+    # prompts palaestra takes.
+    dataset = datasets.Dataset.from_dict({"prompt": [p["messages"] for p in prompts]})
+    current: dict = {}  # the step being measured
+
+    def haiku(prompts, completions, completion_ids, **kwargs) -> list[float]:
+        t0 = time.perf_counter()
+        scores = [score_haiku(completion[0]["content"]) for completion in completions]
+        current["reward_s"] += time.perf_counter() - t0
+        current["rewards"] += scores
+        current["sequences"] += [
+            (prompt_tokens[prompt[-1]["content"]], len(ids))
+            for prompt, ids in zip(prompts, completion_ids, strict=True)
+        ]
+        return scores
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            try:
+                return super()._generate(prompts)
+            finally:
+                current["rollout_s"] += time.perf_counter() - t0
+
+    class Lockstep(TrainerCallback):
+        """Holds the trainer before each optimiser step until told to go, and reports the
+        step at the next hold (so TRL's logging after a step finishes before palaestra's
+        next step starts)."""
+
+        def __init__(self) -> None:
+            self.pending: dict | None = None
+
+        def on_train_begin(self, train_args, state, control, **kwargs):
+            channel.send(
+                {
+                    "ready": True,
+                    "load_s": time.perf_counter() - started,
+                    "weights": weights,
+                    "trl": trl.__version__,
+                    "rollout_dtype": "float32",
+                    "train_dtype": "float32",
+                    "optim": str(train_args.optim),
+                    "steps_per_generation": train_args.steps_per_generation,
+                    "generation_batch_size": train_args.generation_batch_size,
+                    "gradient_checkpointing": train_args.gradient_checkpointing,
+                }
+            )
+
+        def on_step_begin(self, train_args, state, control, **kwargs):
+            self.flush()
+            if not channel.wait_for_step():
+                sys.exit(0)
+            current.update(rollout_s=0.0, reward_s=0.0, rewards=[], sequences=[])
+            current["tokens_seen"] = state.num_input_tokens_seen
+            current["started"] = time.perf_counter()
+            current["prompt_lengths"] = [
+                len(p["token_ids"]) for p in prompts[state.global_step * P :][:P]
+            ]
+
+        def on_step_end(self, train_args, state, control, **kwargs):
+            self.pending = step_report(
+                time.perf_counter() - current["started"],
+                current["rollout_s"],
+                current["reward_s"],
+                current["sequences"],
+                current["prompt_lengths"],
+                current["rewards"],
+                # TRL's own count of the step's prompt + completion tokens, as a cross-check.
+                trl_tokens_seen=state.num_input_tokens_seen - current["tokens_seen"],
+            )
+
+        def on_log(self, train_args, state, control, logs=None, **kwargs):
+            # TRL's own timing of the step's forward/backward passes (generation included,
+            # clipping and the optimiser step not), as a cross-check.
+            if self.pending is not None and logs and "step_time" in logs:
+                self.pending["trl_step_time"] = float(logs["step_time"])
+
+        def on_train_end(self, train_args, state, control, **kwargs):
+            self.flush()
+
+        def flush(self):
+            if self.pending is not None:
+                channel.send(self.pending)
+                self.pending = None
+
+    config = GRPOConfig(
+        output_dir=str(args.log_dir / "trl-output"),
+        use_cpu=True,
+        bf16=False,
+        # TRL defaults to recomputing activations in the backward pass; palaestra does not.
+        gradient_checkpointing=False,
+        per_device_train_batch_size=args.micro_batch,
+        # One optimiser step = P x G sequences in micro-batches; TRL then generates once per
+        # step (steps_per_generation defaults to gradient_accumulation_steps).
+        gradient_accumulation_steps=P * G // args.micro_batch,
+        num_generations=G,
+        max_completion_length=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_grad_norm=args.max_grad_norm,
+        max_steps=total,
+        shuffle_dataset=False,
+        seed=args.seed,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=haiku,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Lockstep()],
+    )
+    trainer.train()
+
+
+# Orchestrator side.
+
+
+class Worker:
+    """One framework's worker process, driven one step at a time."""
+
+    def __init__(self, side: str, args: argparse.Namespace, env: dict[str, str]) -> None:
+        self.side = side
+        self.log_path = args.log_dir / f"{side}.log"
+        self.log = self.log_path.open("w")
+        command = [sys.executable, __file__, *sys.argv[1:], "--worker", side]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+
+    def receive(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            tail = self.log_path.read_text().splitlines()[-30:]
+            raise RuntimeError(
+                f"the {self.side} worker exited (status {self.process.returncode}); "
+                f"last lines of {self.log_path}:\n" + "\n".join(tail)
+            )
+        return json.loads(line)
+
+    def step(self) -> dict:
+        self.process.stdin.write("step\n")
+        self.process.stdin.flush()
+        return self.receive()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def measure_peaks(size: int) -> dict[str, float]:
+    import torch
+    from flops import matmul_peak_gflops
+
+    return {
+        name: matmul_peak_gflops(getattr(torch, name), size) for name in ("float32", "bfloat16")
+    }
+
+
+def summarise(side: str, ready: dict, reports: list[dict], shape, peaks: dict) -> dict:
+    """Means, medians, throughput and floor of one side's timed steps."""
+    from flops import step_flops
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in reports)
+
+    steps = []
+    for r in reports:
+        flops = step_flops(shape, r["sequences"], r["prompt_lengths"])
+        floor_s = flops["generate"] / (peaks[ready["rollout_dtype"]] * 1e9) + flops["train"] / (
+            peaks[ready["train_dtype"]] * 1e9
+        )
+        row = {k: v for k, v in r.items() if k not in ("sequences", "prompt_lengths")}
+        steps.append(row | {"gflops": flops["total"] / 1e9, "floor_s": floor_s})
+    step_mean = mean("step_s")
+    floor_mean = statistics.fmean(s["floor_s"] for s in steps)
+    return {
+        "side": side,
+        "precision": f"{ready['rollout_dtype']} / {ready['train_dtype']}",
+        "step_s_mean": step_mean,
+        "step_s_median": statistics.median(r["step_s"] for r in reports),
+        "rollout_s_mean": mean("rollout_s"),
+        "reward_s_mean": mean("reward_s"),
+        "train_s_mean": mean("train_s"),
+        "generated_tokens_mean": mean("generated_tokens"),
+        "trained_tokens_mean": mean("trained_tokens"),
+        "generated_tokens_per_s": sum(r["generated_tokens"] for r in reports)
+        / sum(r["rollout_s"] for r in reports),
+        "reward_mean": mean("reward_mean"),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in reports),
+        "gflops_mean": statistics.fmean(s["gflops"] for s in steps),
+        "floor_s_mean": floor_mean,
+        "step_over_floor": step_mean / floor_mean,
+        "ready": ready,
+        "steps": steps,
+    }
+
+
+ROWS = [
+    ("precision (rollout / train)", "precision", "{}"),
+    ("step s, mean", "step_s_mean", "{:.2f}"),
+    ("step s, median", "step_s_median", "{:.2f}"),
+    ("rollout s, mean", "rollout_s_mean", "{:.2f}"),
+    ("reward s, mean", "reward_s_mean", "{:.3f}"),
+    ("train s, mean", "train_s_mean", "{:.2f}"),
+    ("generated tokens / step", "generated_tokens_mean", "{:.0f}"),
+    ("generated tokens / s (rollout)", "generated_tokens_per_s", "{:.1f}"),
+    ("trained tokens / step", "trained_tokens_mean", "{:.0f}"),
+    ("reward, mean", "reward_mean", "{:+.2f}"),
+    ("peak RSS MiB", "peak_rss_mib", "{:.0f}"),
+    ("GFLOP / step", "gflops_mean", "{:.1f}"),
+    ("floor s", "floor_s_mean", "{:.3f}"),
+    ("step / floor", "step_over_floor", "{:.1f}"),
+]
+
+
+def markdown(results: dict) -> str:
+    sides = [s for s in SIDES if s in results["sides"]]
+    lines = [
+        "| | " + " | ".join(sides) + " |",
+        "|---|" + "---:|" * len(sides),
+    ]
+    for label, key, fmt in ROWS:
+        cells = [fmt.format(results["sides"][s][key]) for s in sides]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    peaks = results["machine"]["matmul_gflops"]
+    lines.append("")
+    lines.append(
+        "matmul peak GFLOP/s (before / after): "
+        + ", ".join(
+            f"{d} {peaks['before'][d]:.0f} / {peaks['after'][d]:.0f}" for d in peaks["used"]
+        )
+    )
+    if "trl_over_palaestra" in results:
+        ratio = results["trl_over_palaestra"]
+        lines.append(
+            f"TRL step / palaestra step: {ratio['mean']:.2f} (means), "
+            f"{ratio['median']:.2f} (medians)"
+        )
+    return "\n".join(lines)
+
+
+def orchestrate(args: argparse.Namespace) -> dict:
+    sides = [s for s in SIDES if s in args.sides.split(",")]
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    os.environ.update(env)
+    import torch
+    import transformers
+    from flops import ModelShape
+
+    import palaestra
+
+    torch.set_num_threads(args.threads)
+    # Converts a GGUF once here, so the workers don't both try to.
+    weights = getattr(palaestra, args.model)().weights_path()
+    shape = ModelShape.from_config(transformers.AutoConfig.from_pretrained(weights))
+    size = shape.intermediate
+    print(f"measuring matmul peak ({size}x{size}, {args.threads} threads) ...", file=sys.stderr)
+    before = measure_peaks(size)
+
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"starting workers {sides}; logs in {args.log_dir}", file=sys.stderr)
+    workers = {side: Worker(side, args, env) for side in sides}
+    reports: dict[str, list[dict]] = {side: [] for side in sides}
+    try:
+        ready = {side: w.receive() for side, w in workers.items()}
+        for k in range(args.warmup + args.steps):
+            for side, worker in workers.items():
+                report = worker.step()
+                timed = k >= args.warmup
+                print(
+                    f"{side:>9} step {k + 1}{'' if timed else ' (warm-up)'}: "
+                    f"{report['step_s']:.2f} s, {report['generated_tokens']} generated tokens",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if timed:
+                    reports[side].append(report)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    after = measure_peaks(size)
+    peaks = {d: max(before[d], after[d]) for d in before}
+
+    results = {
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k not in ("worker", "log_dir")
+        },
+        "machine": {
+            "cores": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "model_shape": vars(shape) | {"matmul_params": shape.matmul_params},
+            "matmul_size": size,
+            "matmul_gflops": {"before": before, "after": after, "used": peaks},
+        },
+        "sides": {s: summarise(s, ready[s], reports[s], shape, peaks) for s in sides},
+    }
+    if len(sides) == 2:
+        trl_side, ours = results["sides"]["trl"], results["sides"]["palaestra"]
+        results["trl_over_palaestra"] = {
+            "mean": trl_side["step_s_mean"] / ours["step_s_mean"],
+            "median": trl_side["step_s_median"] / ours["step_s_median"],
+        }
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker is not None:
+        channel = Channel()
+        (palaestra_worker if args.worker == "palaestra" else trl_worker)(args, channel)
+        return
+    results = orchestrate(args)
+    print(markdown(results))
+    print()
+    print(json.dumps(results, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

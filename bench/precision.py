@@ -1,0 +1,102 @@
+"""How close bfloat16 autocast stays to float32 on the embedded model: log-probs, loss, gradient.
+
+    python bench/precision.py [--prompts 4] [--samples 8] [--max-tokens 48] [--json PATH]
+
+Samples one GRPO step's worth of haiku answers (float32 sampling, seeded), then scores the same
+batch twice with the learner's own forward pass (``train.scoring.score_tokens``), once in
+float32 and once under bfloat16 autocast (float32 weights both times), and compares: the token
+log-probs (mean and largest absolute difference, in nats), the step's DAPO loss with the
+group-normalised advantages, the gradient of that loss (cosine similarity and relative norm
+difference), and the wall time of each forward and backward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    from palaestra import HuggingFaceDataset, SmolLM2_135M, builtin_dataset
+    from palaestra.algo.advantages import compute_advantages
+    from palaestra.algo.losses import LossScale, aggregate, ppo_clip_loss
+    from palaestra.models.loading import load_causal_lm, load_tokenizer
+    from palaestra.recipes import Recipe
+    from palaestra.rewards.haiku import score_haiku
+    from palaestra.rollout import TorchEngine
+    from palaestra.train.batch import build_train_batch
+    from palaestra.train.loop import prepare_prompts, rollout
+    from palaestra.train.scoring import score_tokens
+
+    model_config = SmolLM2_135M()
+    weights = model_config.weights_path()
+    tokenizer = load_tokenizer(weights, model_config.chat_template)
+    model = load_causal_lm(weights, torch.float32)
+    dataset = HuggingFaceDataset(
+        hf_repo=str(builtin_dataset("haiku")),
+        hf_split=f"train[:{args.prompts}]",
+        input_column="keywords",
+        prompt_template="Write a haiku about {input}.",
+    )
+    prompts = prepare_prompts(dataset, tokenizer, {})
+    recipe = Recipe(rollout_max_response_len=args.max_tokens, n_samples_per_prompt=args.samples)
+    samples = rollout(TorchEngine(model, tokenizer), prompts, args.samples, recipe, step=1)
+    rewards_P_G = torch.tensor([score_haiku(s.response) for s in samples]).view(-1, args.samples)
+    advantages_B = compute_advantages(rewards_P_G, "grpo", "group").view(-1)
+    batch = build_train_batch(samples, advantages_B, tokenizer.pad_token_id)
+    mask_B_T = batch.mask_B_T
+    scale = LossScale(float(mask_B_T.sum()), len(samples), 1, args.max_tokens)
+
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        logprobs_B_T, _ = score_tokens(model, batch, 1.0, dtype)
+        per_token_B_T, _ = ppo_clip_loss(
+            logprobs_B_T, logprobs_B_T.detach(), batch.advantages_B, 0.2, 0.2
+        )
+        loss = aggregate(per_token_B_T, mask_B_T, "dapo", scale)
+        loss.backward()
+        seconds = time.perf_counter() - started
+        gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+        name = str(dtype).removeprefix("torch.")
+        results[name] = (logprobs_B_T.detach(), loss, gradient, seconds)
+
+    fp32, bf16 = results["float32"], results["bfloat16"]
+    diff_N = (bf16[0] - fp32[0])[mask_B_T > 0].abs()
+    cosine = torch.nn.functional.cosine_similarity(fp32[2], bf16[2], dim=0)
+    report = {
+        "scored_tokens": int(mask_B_T.sum()),
+        "logprob_abs_diff_mean": float(diff_N.mean()),
+        "logprob_abs_diff_max": float(diff_N.max()),
+        "logprob_mean_float32": float(fp32[0][mask_B_T > 0].mean()),
+        "loss_float32": float(fp32[1]),
+        "loss_bfloat16": float(bf16[1]),
+        "grad_cosine": float(cosine),
+        "grad_norm_relative_diff": float((bf16[2].norm() - fp32[2].norm()) / fp32[2].norm()),
+        "forward_backward_s_float32": round(fp32[3], 2),
+        "forward_backward_s_bfloat16": round(bf16[3], 2),
+    }
+    print("| measure | value |\n|---|---|")
+    for key, value in report.items():
+        print(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
+    print(json.dumps(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
