@@ -111,5 +111,8 @@ def compute_dtype(precision: str, device: torch.device | str) -> torch.dtype:
     if torch.device(device).type == "cuda":
         native = torch.cuda.is_bf16_supported()
     else:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        try:
+            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # a build without oneDNN: no fast bfloat16
+            native = False
     return torch.bfloat16 if native else torch.float32
