@@ -7,6 +7,8 @@ reserves room for the whole generation once and hands attention a view of the fi
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -96,3 +98,9 @@ def has_plain_attention(config) -> bool:
     of keys and values (no sliding window, no linear attention)."""
     layers = DynamicCache(config=config).layers
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def cache_argument(module: torch.nn.Module) -> str:
+    """The keyword ``module.forward`` takes a KV cache by: transformers 5 renamed
+    ``past_key_values`` to ``cache``; older releases know only the first."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"

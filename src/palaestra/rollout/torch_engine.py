@@ -11,12 +11,11 @@ machine.
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 
-from palaestra.rollout.kv_cache import make_cache
+from palaestra.rollout.kv_cache import cache_argument, make_cache
 from palaestra.rollout.sampling import row_seed, sample_next_tokens
 from palaestra.types import Completion
 
@@ -79,11 +78,6 @@ class TorchEngine:
         with torch.no_grad():
             for sampled, trained in zip(self.model.parameters(), model.parameters(), strict=True):
                 sampled.copy_(trained)
-
-    def _cache_kwarg(self) -> str:
-        # transformers 5 renamed ``past_key_values`` to ``cache``; older releases know the first.
-        forward = inspect.signature(self.model.forward).parameters
-        return "cache" if "cache" in forward else "past_key_values"
 
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
@@ -150,7 +144,7 @@ class TorchEngine:
         # would see alone.
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = make_cache(self.model.config, width + max(row.params.max_tokens for row in rows))
-        cache_kwarg = {self._cache_kwarg(): cache}
+        cache_kwarg = {cache_argument(self.model): cache}
         logits = self.model(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),

@@ -16,14 +16,13 @@ that changes no number:
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 
 from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
-from palaestra.rollout.kv_cache import has_plain_attention
+from palaestra.rollout.kv_cache import cache_argument, has_plain_attention
 from palaestra.train.batch import micro_batch_rows, prefix_groups, take_rows
 from palaestra.types import TrainBatch
 
@@ -111,8 +110,6 @@ def continue_from_prefix(
     The prefix runs once; its keys and values are repeated for the G rows, which attend to them
     as if each had the prefix in front. Autograd sums the rows' gradients into the one prefix.
     """
-    cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else None
-    cache_arg = cache_arg or "past_key_values"  # transformers before 5.x
     out = decoder(inputs_embeds=prefix_T_D[None], use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
     cache.batch_repeat_interleave(suffixes_G_S_D.shape[0])
@@ -122,7 +119,7 @@ def continue_from_prefix(
         inputs_embeds=suffixes_G_S_D,
         position_ids=positions_S.expand(suffixes_G_S_D.shape[0], width),
         use_cache=True,
-        **{cache_arg: cache},
+        **{cache_argument(decoder): cache},
     ).last_hidden_state
 
 
