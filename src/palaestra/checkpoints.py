@@ -1,0 +1,176 @@
+"""The checkpoint folder: the one module that knows its layout. Training writes it, the run store
+lists it, endpoints serve it, LoRA export reads and writes it; each asks here.
+
+    <run>/checkpoints/step_000010/
+      config.json, model.safetensors, generation_config.json, tokenizer files  (plain HF)
+      palaestra.json       run id, step, model name, LoRA base (what an endpoint needs to know)
+      trainer_state.pt     what resuming needs: step, data cursor, optimiser state, log rows
+
+A LoRA run's checkpoint holds ``adapter_config.json`` and ``adapter_model.safetensors`` in place
+of the full weights (transformers with peft installed loads it over its base, named in
+``palaestra.json`` as ``base_model_path``).
+
+A folder appears under its ``step_NNNNNN`` name only once complete: it is written under a
+hidden staging name, flushed, then renamed. A crash leaves a hidden ``.step_*`` folder, which
+``remove_stale_staging`` deletes and ``list_checkpoints`` never lists. No torch at import: the
+run store and the CLI read checkpoints without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from palaestra.atomic import fsync_folder, fsync_tree
+
+INFO_FILE = "palaestra.json"
+TRAINER_STATE_FILE = "trainer_state.pt"
+ADAPTER_CONFIG = "adapter_config.json"
+MODEL_CONFIG = "config.json"
+FOLDER_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A saved step: ``path`` is an HF-format directory transformers loads as it is."""
+
+    path: Path
+    step: int
+    run_id: str | None = None
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Checkpoint:
+        path = Path(path).expanduser()
+        info = read_info(path)
+        return cls(path=path, step=int(info.get("step", 0)), run_id=info.get("run_id"))
+
+
+def checkpoint_path(value: Checkpoint | str | Path) -> Path:
+    """The folder of a Checkpoint handle or a path."""
+    return value.path if isinstance(value, Checkpoint) else Path(value).expanduser()
+
+
+def folder_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``checkpoints_dir`` as ``(step, path)``, sorted by step."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = []
+    for child in checkpoints_dir.iterdir():
+        match = FOLDER_NAME.match(child.name)
+        if match and child.is_dir() and has_trainer_state(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def write_checkpoint(
+    checkpoints_dir: Path,
+    step: int,
+    write_weights: Callable[[Path], None],
+    info: dict[str, Any],
+    trainer_state: dict[str, Any],
+) -> Path:
+    """Write ``step_NNNNNN`` atomically. ``write_weights(folder)`` puts the HF-format weights
+    and tokenizer (or the adapters) into the staging folder; ``info`` becomes palaestra.json
+    (with ``step``), ``trainer_state`` trainer_state.pt."""
+
+    def write(staging: Path) -> None:
+        write_weights(staging)
+        write_info(staging, {**info, "step": step})
+        import torch
+
+        torch.save(trainer_state, staging / TRAINER_STATE_FILE)
+
+    return write_folder_atomic(checkpoints_dir / folder_name(step), write)
+
+
+def write_folder_atomic(final: Path, write: Callable[[Path], None]) -> Path:
+    """Fill a hidden staging folder beside ``final`` with ``write``, flush it, rename it to
+    ``final``. A crash leaves only a hidden ``.name-*`` folder, never a half-written ``final``."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        write(staging)
+        fsync_tree(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
+        os.replace(staging, final)
+        fsync_folder(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def remove_stale_staging(checkpoints_dir: Path) -> None:
+    """Delete checkpoints a crashed process left half written (hidden ``.step_*`` folders)."""
+    if checkpoints_dir.is_dir():
+        for child in checkpoints_dir.glob(".step_*"):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def write_info(folder: Path, info: dict[str, Any]) -> None:
+    (folder / INFO_FILE).write_text(json.dumps(info, indent=2))
+
+
+def read_info(folder: str | Path) -> dict[str, Any]:
+    """palaestra.json of ``folder``; empty for a plain HF folder that has none."""
+    path = Path(folder) / INFO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def has_trainer_state(folder: str | Path) -> bool:
+    return (Path(folder) / TRAINER_STATE_FILE).is_file()
+
+
+def read_trainer_state(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / TRAINER_STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a palaestra checkpoint: no {TRAINER_STATE_FILE}")
+    import torch
+
+    # Our own file: optimiser tensors plus plain Python values.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def is_adapter_checkpoint(folder: str | Path | None) -> bool:
+    return folder is not None and (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_rank(folder: str | Path) -> int | None:
+    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("r")
+
+
+def adapter_base(folder: str | Path) -> str:
+    """The weights the adapters at ``folder`` were trained on."""
+    folder = Path(folder)
+    base = read_info(folder).get("base_model_path")
+    if base is None:
+        base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{folder}: the adapter checkpoint does not name its base model")
+    return base
+
+
+def is_model_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a model: full HF weights or LoRA adapters."""
+    folder = Path(folder)
+    return (folder / MODEL_CONFIG).is_file() or (folder / ADAPTER_CONFIG).is_file()
+
+
+def check_model_folder(folder: str | Path, what: str = "checkpoint") -> None:
+    """Raise FileNotFoundError naming ``folder`` unless it holds a model."""
+    if not is_model_folder(folder):
+        raise FileNotFoundError(
+            f"{what} {folder} is neither an HF-format model directory ({MODEL_CONFIG}) nor "
+            f"LoRA adapters ({ADAPTER_CONFIG})"
+        )
