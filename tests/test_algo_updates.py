@@ -74,7 +74,7 @@ def test_one_step_raises_the_best_samples_logprob(tokenizer, estimator, loss_typ
     model = build_tiny_model(tokenizer)
     batch = batch_of(group(tokenizer), recipe)
     before_B = sequence_logprobs(model, batch, recipe)
-    metrics = Learner(model, recipe).train_step(batch)
+    metrics = Learner(model, recipe).update(batch)
     after_B = sequence_logprobs(model, batch, recipe)
     assert after_B[2] > before_B[2], (before_B, after_B)
     # The zero-reward samples (negative advantage) lose probability.
@@ -85,7 +85,7 @@ def test_one_step_raises_the_best_samples_logprob(tokenizer, estimator, loss_typ
 def test_several_updates_per_rollout_score_old_logprobs_once(tokenizer):
     recipe = Recipe(lr=5e-2, n_samples_per_prompt=4, num_steps_per_rollout=2, eps_clip=0.01)
     model = build_tiny_model(tokenizer)
-    metrics = Learner(model, recipe).train_step(batch_of(group(tokenizer), recipe))
+    metrics = Learner(model, recipe).update(batch_of(group(tokenizer), recipe))
     assert metrics["updates"] == 2
     # Update 1 is on-policy (ratio 1, nothing clipped); update 2 follows a large step, so its
     # ratios against the log-probs scored before update 1 leave the 0.99 .. 1.01 range.
@@ -104,7 +104,7 @@ def test_sampler_logprobs_are_the_old_logprobs(tokenizer):
         start = len(sample.prompt_token_ids) - 1
         n = len(sample.response_token_ids)
         sample.response_logprobs = (true_B_T[b, start : start + n] - 0.1).tolist()
-    metrics = Learner(model, recipe).train_step(batch_of(samples, recipe))
+    metrics = Learner(model, recipe).update(batch_of(samples, recipe))
     assert metrics["sampler_logprob_abs_diff"] == pytest.approx(0.1, abs=1e-5)
     lengths = [len(s.response_token_ids) for s in samples]
     assert metrics["clip_fraction"] == pytest.approx((lengths[2] + lengths[3]) / sum(lengths))
@@ -127,8 +127,8 @@ def test_entropy_bonus_alone_raises_entropy(tokenizer):
     model = build_tiny_model(tokenizer)
     batch = batch_of(group(tokenizer), recipe, rewards=[1.0] * 4)
     learner = Learner(model, recipe)
-    first = learner.train_step(batch)["entropy"]
-    second = learner.train_step(batch)["entropy"]
+    first = learner.update(batch)["entropy"]
+    second = learner.update(batch)["entropy"]
     assert second > first
 
 
@@ -144,7 +144,7 @@ def test_kl_pulls_back_towards_the_reference(tokenizer):
 
     learner = Learner(policy, recipe, reference)
     batch = batch_of(group(tokenizer), recipe, rewards=[1.0] * 4)
-    kl = [learner.train_step(batch)["kl"] for _ in range(3)]
+    kl = [learner.update(batch)["kl"] for _ in range(3)]
     assert kl[0] > 1e-3 and kl[2] < kl[1] < kl[0]
 
 

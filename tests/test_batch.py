@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from palaestra.train.batch import build_train_batch, micro_batches, prompt_order
+from palaestra.rollout.sampler import prompt_order
+from palaestra.train.batch import build_train_batch, micro_batches
 from palaestra.types import Sample
 
 

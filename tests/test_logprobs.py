@@ -292,7 +292,8 @@ def test_bfloat16_copy_samples_close_to_float32_and_follows_sync(tokenizer):
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.01)
-    bf16.sync_weights(model)
+    bf16.update_weights(dict(model.named_parameters()), version=1)
+    assert bf16.weight_version == 1
     for copied, trained in zip(bf16.model.parameters(), model.parameters(), strict=True):
         assert torch.equal(copied, trained.to(torch.bfloat16))
 
@@ -301,7 +302,7 @@ def test_learner_trains_in_bfloat16_with_float32_weights(tokenizer, batch):
     model = build_tiny_model(tokenizer, seed=8)
     before = [p.detach().clone() for p in model.parameters()]
     learner = Learner(model, Recipe(precision="bfloat16", lr=1e-2))
-    metrics = learner.train_step(dataclasses.replace(batch))
+    metrics = learner.update(dataclasses.replace(batch))
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     assert metrics["response_tokens"] == 34

@@ -23,7 +23,7 @@ def test_lora_run_trains_and_checkpoints_adapters_only(home, tiny_model_dir, pro
     result = make_config(tiny_model_dir, prompts_file, num_rollout=2, **LORA).train()
     (checkpoint,) = result.checkpoints()
     files = {p.name for p in checkpoint.path.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "trainer_state.pt"} <= files
+    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json"} <= files
     assert "model.safetensors" not in files
     adapters = load_file(checkpoint.path / "adapter_model.safetensors")
     # B matrices start at zero; training moved them. No base weight is in the file.
@@ -40,9 +40,9 @@ def test_continue_from_a_lora_checkpoint(home, tiny_model_dir, prompts_file):
     config = make_config(tiny_model_dir, prompts_file, num_rollout=2, **LORA)
     second = config.model_copy(update={"checkpoint": first.checkpoints()[-1]}).train()
     assert [m["step"] for m in second.metrics()] == [3, 4]
-    state = torch.load(second.checkpoints()[-1].path / "trainer_state.pt", weights_only=False)
+    state = torch.load(second.checkpoints()[-1].path / "optimizer.pt", weights_only=True)
     # The adapters' Adam moments carried over: 4 steps, not 2.
-    assert {float(v["step"]) for v in state["learner"]["optimizer"]["state"].values()} == {4.0}
+    assert {float(v["step"]) for v in state["optimizer"]["state"].values()} == {4.0}
 
     wrong_rank = make_config(tiny_model_dir, prompts_file, lora_rank=8, lr=1e-2)
     wrong_rank = wrong_rank.model_copy(update={"checkpoint": first.checkpoints()[-1]})

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import build_tokenizer
 from palaestra import LocalDataset, ModelConfig, Recipe, TrainConfig
 from palaestra.recipes import check_runnable_here
-from palaestra.train.sft import build_sft_batch, demonstration
+from palaestra.rollout.demonstrations import demonstration, demonstration_sample
+from palaestra.train.batch import build_train_batch
 from palaestra.types import Prompt
 
 
@@ -39,10 +41,18 @@ def test_every_assistant_turn_of_a_conversation_is_a_target():
         {"role": "user", "content": "Bye"},
         {"role": "assistant", "content": "Ok"},
     ]
-    demo = demonstration(Prompt(0, messages, ""), tokenizer, True, {})
+    prompt = Prompt(0, messages, "")
+    demo = demonstration(prompt, tokenizer, True, {})
     assert targets_text(tokenizer, demo) == "Yo<|im_end|>\nOk<|im_end|>\n"
+    # As a sample, the tokens before the first target are its prompt, the rest its response,
+    # and its loss mask is the rest's target flags: the user turn between the answers is 0.
+    sample = demonstration_sample(demo, prompt, step=1)
+    assert sample.prompt_token_ids + sample.response_token_ids == demo.token_ids
+    assert tokenizer.decode(sample.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    assert sample.loss_mask == [int(t) for t in demo.targets[len(sample.prompt_token_ids) :]]
+    assert 0 in sample.loss_mask
     # The batch mask is the target flags shifted onto the logits that predict them.
-    batch = build_sft_batch([demo], pad_id=0)
+    batch = build_train_batch([sample], torch.ones(1), pad_id=0)
     assert batch.mask_B_T[0, :-1].tolist() == [float(t) for t in demo.targets[1:]]
 
 

@@ -4,7 +4,8 @@ lists it, endpoints serve it, LoRA export reads and writes it; each asks here.
     <run>/checkpoints/step_000010/
       config.json, model.safetensors, generation_config.json, tokenizer files  (plain HF)
       palaestra.json       run id, step, model name, LoRA base (what an endpoint needs to know)
-      trainer_state.pt     what resuming needs: step, data cursor, optimiser state, log rows
+      optimizer.pt         the optimiser's state (tensors only), written by the learner
+      trainer_state.json   where the loop was: step, last step, data cursor, the step's log rows
 
 A LoRA run's checkpoint holds ``adapter_config.json`` and ``adapter_model.safetensors`` in place
 of the full weights (transformers with peft installed loads it over its base, named in
@@ -31,7 +32,8 @@ from typing import Any
 from palaestra.atomic import fsync_folder, fsync_tree
 
 INFO_FILE = "palaestra.json"
-TRAINER_STATE_FILE = "trainer_state.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
 FOLDER_NAME = re.compile(r"^step_(\d{6,})$")
@@ -80,16 +82,16 @@ def write_checkpoint(
     info: dict[str, Any],
     trainer_state: dict[str, Any],
 ) -> Path:
-    """Write ``step_NNNNNN`` atomically. ``write_weights(folder)`` puts the HF-format weights
-    and tokenizer (or the adapters) into the staging folder; ``info`` becomes palaestra.json
-    (with ``step``), ``trainer_state`` trainer_state.pt."""
+    """Write ``step_NNNNNN`` atomically. ``write_weights(folder)`` puts the HF-format weights,
+    tokenizer and optimiser state (or the adapters) into the staging folder; ``info`` becomes
+    palaestra.json (with ``step``), ``trainer_state`` (plain JSON values) trainer_state.json,
+    written last: a folder with it is complete."""
 
     def write(staging: Path) -> None:
         write_weights(staging)
         write_info(staging, {**info, "step": step})
-        import torch
-
-        torch.save(trainer_state, staging / TRAINER_STATE_FILE)
+        text = json.dumps(trainer_state, default=str)
+        (staging / TRAINER_STATE_FILE).write_text(text)
 
     return write_folder_atomic(checkpoints_dir / folder_name(step), write)
 
@@ -136,10 +138,14 @@ def read_trainer_state(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / TRAINER_STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a palaestra checkpoint: no {TRAINER_STATE_FILE}")
-    import torch
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
 
-    # Our own file: optimiser tensors plus plain Python values.
-    return torch.load(path, map_location="cpu", weights_only=False)
+
+def has_optimizer_state(folder: str | Path) -> bool:
+    return (Path(folder) / OPTIMIZER_FILE).is_file()
 
 
 def is_adapter_checkpoint(folder: str | Path | None) -> bool:

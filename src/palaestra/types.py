@@ -1,4 +1,5 @@
-"""The plain data that flows between stages, and the shape-suffix glossary.
+"""The plain data that flows between stages, and the shape-suffix glossary. No torch: a reward
+module that imports ``Sample`` stays light.
 
 Shape suffixes on tensor and list names say what each axis is:
 
@@ -13,10 +14,8 @@ same data flattened, and ``mask_B_T`` marks the response tokens of each padded s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 
 @dataclass
@@ -77,40 +76,36 @@ class Sample:
     finish_reason: str = "stop"
     response_logprobs: list[float] | None = None
     """The sampler's log-probs of ``response_token_ids``, when the engine kept them."""
+    loss_mask: list[int] | None = None
+    """One 0/1 per response token: 1 where the model wrote the token and it is trained on, 0
+    where something else did (an environment's reply in a multi-turn episode). None: every
+    response token is the model's (single-turn)."""
+    weight_version: int = 0
+    """The policy version that sampled it: the step whose update the engine had loaded."""
     reward: float | None = None
     """Filled in after the reward function ran."""
 
+    def response_mask(self) -> list[int]:
+        """``loss_mask``, or all ones when the whole response is the model's."""
+        if self.loss_mask is None:
+            return [1] * len(self.response_token_ids)
+        if len(self.loss_mask) != len(self.response_token_ids):
+            raise ValueError(
+                f"sample {self.group_index} of prompt {self.index}: loss_mask has "
+                f"{len(self.loss_mask)} entries for {len(self.response_token_ids)} response tokens"
+            )
+        return self.loss_mask
+
 
 @dataclass
-class TrainBatch:
-    """Right-padded token sequences of one step, ready for the policy's forward pass."""
+class Rollout:
+    """One step's scored samples, as the sampler hands them to the loop."""
 
-    input_ids_B_T: torch.Tensor
-    """Prompt followed by response tokens, padded on the right."""
-    attention_mask_B_T: torch.Tensor
-    """1 on real tokens (prompt and response), 0 on padding."""
-    mask_B_T: torch.Tensor
-    """1 where the *next-token prediction* at position t targets a response token.
-
-    Aligned with the logits: ``mask_B_T[b, t] = 1`` means token ``t + 1`` of sequence ``b`` is a
-    response token, so the log-prob of that token comes from the logits at position ``t``.
-    """
-    advantages_B: torch.Tensor
-    """One advantage per sequence, broadcast over its response tokens."""
-    sampler_logprobs_B_T: torch.Tensor | None = None
-    """The sampler's log-prob of each response token, aligned like ``mask_B_T`` (position t
-    holds token t + 1's), when the engine kept them for every sample."""
-    old_logprobs_B_T: torch.Tensor | None = None
-    """Log-probs under the policy that sampled the batch (the importance ratio's denominator),
-    aligned like ``mask_B_T``; None: the policy being updated is that policy."""
-    ref_logprobs_B_T: torch.Tensor | None = None
-    """Log-probs under the KL reference, aligned like ``mask_B_T``, when a KL term is on."""
-
-    def to(self, device: torch.device | str) -> TrainBatch:
-        """The same batch with every tensor on ``device``."""
-        return TrainBatch(
-            **{
-                f.name: None if (value := getattr(self, f.name)) is None else value.to(device)
-                for f in fields(self)
-            }
-        )
+    samples_B: list[Sample]
+    """Every sample drawn this step, groups that dynamic sampling dropped included."""
+    trained_B: list[Sample]
+    """The samples to train on: whole groups, group after group."""
+    cursor: int
+    """Position in the dataset's endless shuffled order after this step's prompts."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the samples looked like (rewards, lengths) and how long they took."""

@@ -1,16 +1,16 @@
-"""Rollout engines: prompts in, sampled completions out.
+"""Rollout: engines (token ids in, sampled completions out), the rollout functions that turn
+prompts into samples, and the sampler that scores them into groups.
 
 An engine has two methods, so a backend can put it on another process or machine (a Ray actor,
-a vLLM server) without the training loop noticing: ``generate`` and ``sync_weights``.
+a vLLM engine) without the sampler noticing: ``generate_requests`` and ``update_weights``,
+which takes weights (a name -> tensor mapping) and their version, never a module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch
+from typing import Any, Protocol
 
 from palaestra.types import Completion
 
@@ -39,14 +39,15 @@ class GenerationRequest:
 
 
 class RolloutEngine(Protocol):
-    def generate(
-        self, prompts_P: list[list[int]], n: int, params: SamplingParams
-    ) -> list[list[Completion]]:
-        """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
+    weight_version: int
+    """The version of the weights it samples from (0: the ones it was built with)."""
+
+    def generate_requests(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        """``request.n`` completions of each request, as ``completions_P_G``."""
         ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Make the next ``generate`` sample from ``model``'s current weights."""
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """Sample from ``weights`` (parameter name -> tensor) from the next request on."""
         ...
 
 

@@ -4,18 +4,19 @@ Every row of every request shares each forward pass: a request's prompt is prefi
 (left-padded, with position ids that skip the padding) and its cache copied to its ``n`` rows;
 then each decode step feeds one token per row. A row that finishes (end-of-sequence, a stop
 string, its own ``max_tokens``) leaves the batch and the cache shrinks, so short rows never wait
-on long ones. It samples from the very module the trainer updates, so weight sync is free on one
-machine.
+on long ones. Built over the very module a learner updates (in its own precision), a weight
+update finds the tensors already in place and copies nothing.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from palaestra.rollout.kv_cache import cache_argument, make_cache
+from palaestra.models.kv_cache import cache_argument, make_cache
 from palaestra.rollout.sampling import row_seed, sample_next_tokens
 from palaestra.types import Completion
 
@@ -51,8 +52,10 @@ class TorchEngine:
         self.max_batch = max_batch
         self.dtype = dtype
         self.model = model
-        """The module that samples: ``model`` itself, or its copy in ``dtype``."""
-        self.sync_weights(model)
+        """The module that samples: ``model`` itself, or its frozen copy in ``dtype``."""
+        if dtype is not None and next(model.parameters()).dtype != dtype:
+            self.model = sampling_copy(model, dtype)
+        self.weight_version = 0
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -67,17 +70,25 @@ class TorchEngine:
         """Most tokens (prompt plus completion) one row may hold: the model's position limit."""
         return int(self.model.config.max_position_embeddings)
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Sample from ``model``'s current weights (copied into the sampling copy, if any)."""
-        if self.dtype is None or next(model.parameters()).dtype == self.dtype:
-            self.model = model
-            return
-        if self.model is model:  # first call: make the copy
-            self.model = sampling_copy(model, self.dtype)
-            return
+    def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Sample from ``weights`` (the sampling module's parameter names) from now on.
+
+        A tensor that already is the module's own parameter (the engine samples from the
+        learner's module) is skipped; others are copied in, cast to the engine's precision.
+        """
+        params = dict(self.model.named_parameters())
+        unknown = [name for name in weights if name not in params]
+        if unknown:
+            raise KeyError(
+                f"weights for version {version} name {len(unknown)} parameters the engine's "
+                f"model does not have, e.g. {unknown[:3]}"
+            )
         with torch.no_grad():
-            for sampled, trained in zip(self.model.parameters(), model.parameters(), strict=True):
-                sampled.copy_(trained)
+            for name, tensor in weights.items():
+                param = params[name]
+                if tensor.data_ptr() != param.data_ptr():
+                    param.copy_(tensor)
+        self.weight_version = version
 
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""

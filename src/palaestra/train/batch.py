@@ -1,12 +1,48 @@
-"""Building the trainer's batch: token sequences, response masks, advantages; and data order."""
+"""The trainer's batch: token sequences, loss masks and advantages as tensors, and its slices."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import torch
 
-from palaestra.types import Sample, TrainBatch
+from palaestra.types import Sample
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded token sequences of one step, ready for the policy's forward pass."""
+
+    input_ids_B_T: torch.Tensor
+    """Prompt followed by response tokens, padded on the right."""
+    attention_mask_B_T: torch.Tensor
+    """1 on real tokens (prompt and response), 0 on padding."""
+    mask_B_T: torch.Tensor
+    """1 where the *next-token prediction* at position t targets a trained response token.
+
+    Aligned with the logits: ``mask_B_T[b, t] = 1`` means token ``t + 1`` of sequence ``b`` is a
+    response token the model wrote, so its log-prob comes from the logits at position ``t``.
+    """
+    advantages_B: torch.Tensor
+    """One advantage per sequence, broadcast over its response tokens."""
+    sampler_logprobs_B_T: torch.Tensor | None = None
+    """The sampler's log-prob of each response token, aligned like ``mask_B_T`` (position t
+    holds token t + 1's), when the engine kept them for every sample."""
+    old_logprobs_B_T: torch.Tensor | None = None
+    """Log-probs under the policy that sampled the batch (the importance ratio's denominator),
+    aligned like ``mask_B_T``; None: the policy being updated is that policy."""
+    ref_logprobs_B_T: torch.Tensor | None = None
+    """Log-probs under the KL reference, aligned like ``mask_B_T``, when a KL term is on."""
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        """The same batch with every tensor on ``device``."""
+        return TrainBatch(
+            **{
+                f.name: None if (value := getattr(self, f.name)) is None else value.to(device)
+                for f in fields(self)
+            }
+        )
 
 
 def build_train_batch(
@@ -15,8 +51,8 @@ def build_train_batch(
     pad_id: int,
     mask_truncated: bool = False,
 ) -> TrainBatch:
-    """Prompt + response of each sample, right-padded to the longest, with a response mask
-    aligned to next-token logits (see ``TrainBatch.mask_B_T``).
+    """Prompt + response of each sample, right-padded to the longest, with the sample's loss
+    mask aligned to next-token logits (see ``TrainBatch.mask_B_T``).
 
     With ``mask_truncated``, responses cut at the length limit get an all-zero mask: they stay
     in the batch (and in their group's baseline) but add nothing to the loss. The sampler's
@@ -36,7 +72,9 @@ def build_train_batch(
         # Logits at t predict token t + 1: response tokens prompt_len .. total - 1 are
         # predicted from positions prompt_len - 1 .. total - 2.
         if not (mask_truncated and sample.finish_reason == "length"):
-            mask_B_T[b, prompt_len - 1 : total - 1] = 1
+            mask_B_T[b, prompt_len - 1 : total - 1] = torch.tensor(
+                sample.response_mask(), dtype=torch.float32
+            )
         if sampler_B_T is not None:
             if len(sample.response_logprobs) != len(sample.response_token_ids):
                 raise ValueError(
@@ -117,21 +155,3 @@ def mini_batches(batch: TrainBatch, count: int) -> list[TrainBatch]:
     """
     B = batch.input_ids_B_T.shape[0]
     return [take_rows(batch, rows) for rows in torch.arange(B).tensor_split(count) if len(rows)]
-
-
-def prompt_order(num_rows: int, seed: int, cursor: int, count: int) -> list[int]:
-    """Row indices ``cursor .. cursor + count`` of an endless sequence of shuffled epochs.
-
-    Each epoch is a fresh permutation seeded by ``(seed, epoch)``, so any position can be
-    recomputed from the cursor alone: a resumed run continues exactly where it stopped.
-    """
-    indices: list[int] = []
-    position = cursor
-    while len(indices) < count:
-        epoch, offset = divmod(position, num_rows)
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        order = torch.randperm(num_rows, generator=generator).tolist()
-        taken = order[offset : offset + count - len(indices)]
-        indices += taken
-        position += len(taken)
-    return indices

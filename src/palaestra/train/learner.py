@@ -1,9 +1,11 @@
-"""The learner: owns the policy's weights and optimiser, and turns a TrainBatch into updates.
+"""The learner: owns the policy's weights, its optimiser and the KL reference, and turns a
+step's samples and advantages into updates.
 
-Its interface is small on purpose (``train_step``, ``state_dict``, ``load_state_dict``), so a
+Its interface is small on purpose (``train_step``, ``weights``, ``save``, ``load``), so a
 distributed backend can run it as an actor. One ``train_step`` is one rollout's worth of
-training: score the log-probs the loss compares against (the sampling policy's, the KL
-reference's), then ``num_steps_per_rollout`` optimiser steps over consecutive mini-batches.
+training: build the batch, score the log-probs the loss compares against (the sampling policy's,
+the KL reference's), then ``num_steps_per_rollout`` optimiser steps over consecutive
+mini-batches (``update``).
 
 The passes run as ``train.scoring`` lays out (a group's prompt once, bfloat16 autocast where
 the hardware has it, the lm head only where tokens are scored); the sampler's log-probs stand
@@ -13,8 +15,10 @@ in for a scoring pass whenever they can; AdamW is fused.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -26,23 +30,36 @@ from palaestra.algo.losses import (
     kl_penalty,
     ppo_clip_loss,
 )
+from palaestra.checkpoints import OPTIMIZER_FILE
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
-from palaestra.train.batch import micro_batches, mini_batches
+from palaestra.train.batch import TrainBatch, build_train_batch, micro_batches, mini_batches
 from palaestra.train.scoring import score_logprobs, score_tokens
-from palaestra.types import TrainBatch
+from palaestra.types import Sample
 
 # Scores a batch under some fixed policy: logprobs_B_T aligned like the batch's mask.
 Scorer = Callable[[TrainBatch], torch.Tensor]
 
 
 class Learner:
+    """Trains ``model`` (float32 master weights) by ``recipe``; ``tokenizer`` is saved beside
+    the weights in each checkpoint, and its pad token pads batches."""
+
     def __init__(
-        self, model: torch.nn.Module, recipe: Recipe, reference: Scorer | None = None
+        self,
+        model: torch.nn.Module,
+        recipe: Recipe,
+        reference: Scorer | None = None,
+        tokenizer=None,
     ) -> None:
         self.model = model
         self.recipe = recipe
         self.reference = reference
+        self.tokenizer = tokenizer
+        self.pad_id = 0
+        if tokenizer is not None:  # padding is never attended to or scored; any token will do
+            pad = tokenizer.pad_token_id
+            self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.device = next(model.parameters()).device
         self.dtype = compute_dtype(recipe.precision, self.device)
         self.optimizer = torch.optim.AdamW(
@@ -52,7 +69,47 @@ class Learner:
             fused=True,  # one kernel for the whole update, on the CPU as on a GPU
         )
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, samples_B: Sequence[Sample], advantages_B: Sequence[float]) -> dict:
+        """One rollout's updates on ``samples_B`` (whole groups, group after group), each
+        weighted by its advantage over its loss-mask tokens. No samples: no update."""
+        if not samples_B:
+            return {"updates": 0}
+        # Dropout (LoRA's) draws from a seed of the run and the step, so a resumed step
+        # repeats it without any random state carried in the checkpoint.
+        step = samples_B[0].step
+        digest = hashlib.blake2b(f"{self.recipe.seed}/{step}".encode(), digest_size=8).digest()
+        torch.manual_seed(int.from_bytes(digest, "big") >> 1)
+        batch = build_train_batch(
+            samples_B,
+            torch.tensor(list(advantages_B), dtype=torch.float32),
+            self.pad_id,
+            self.recipe.mask_truncated_responses,
+        )
+        return self.update(batch)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's parameters by name, for an engine's ``update_weights``: the tensors
+        themselves, not copies (an engine over this very module then copies nothing)."""
+        return dict(self.model.named_parameters())
+
+    def save(self, folder: Path) -> None:
+        """Write the weights (a LoRA model: its adapters), the tokenizer and the optimiser's
+        state into ``folder``."""
+        self.model.save_pretrained(folder)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+        torch.save({"optimizer": self.optimizer.state_dict()}, Path(folder) / OPTIMIZER_FILE)
+
+    def load(self, folder: Path) -> None:
+        """Continue from the optimiser state saved in ``folder`` (the weights were loaded with
+        the model). The moments carry over; lr and weight decay come from this run's recipe."""
+        state = torch.load(Path(folder) / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.recipe.lr
+            group["weight_decay"] = self.recipe.weight_decay
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
         """One rollout's updates: ``num_steps_per_rollout`` optimiser steps on the batch."""
         recipe = self.recipe
         # The importance ratio's denominator is the sampling policy: the sampler's own
@@ -166,14 +223,3 @@ class Learner:
             sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
-
-    def state_dict(self) -> dict:
-        """Optimiser state for resuming; the weights are saved separately in HF format."""
-        return {"optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        # Moments carry over from the checkpoint; the knobs come from this run's recipe.
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.recipe.lr
-            group["weight_decay"] = self.recipe.weight_decay

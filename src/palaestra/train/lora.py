@@ -6,34 +6,22 @@ when ``Recipe.lora_rank`` is above zero or an adapter checkpoint is read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from palaestra.checkpoints import (
+    ADAPTER_CONFIG,
+    adapter_base,
+    adapter_rank,
+    is_adapter_checkpoint,
+    read_info,
+    write_folder_atomic,
+    write_info,
+)
 from palaestra.models.loading import load_causal_lm, load_tokenizer
 from palaestra.recipes import Recipe
-from palaestra.train.checkpoint import write_folder_atomic
-
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def is_adapter_checkpoint(path: str | Path | None) -> bool:
-    return path is not None and (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_base(path: str | Path) -> str:
-    """The weights the adapters at ``path`` were trained on."""
-    path = Path(path)
-    info_file = path / "palaestra.json"
-    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
-    base = info.get("base_model_path")
-    if base is None:
-        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{path}: the adapter checkpoint does not name its base model")
-    return base
 
 
 def load_policy(
@@ -57,11 +45,11 @@ def load_policy(
                 "lora_rank to the adapters' rank to continue them, or export_merged() the "
                 "checkpoint and start a full fine-tuning run from the merged folder"
             )
-        saved = json.loads((start_path / ADAPTER_CONFIG).read_text())
-        if saved.get("r") != recipe.lora_rank:
+        rank = adapter_rank(start_path)
+        if rank != recipe.lora_rank:
             raise ValueError(
-                f"checkpoint {start_path} has LoRA rank {saved.get('r')} but recipe.lora_rank "
-                f"is {recipe.lora_rank}; set lora_rank={saved.get('r')} to continue it"
+                f"checkpoint {start_path} has LoRA rank {rank} but recipe.lora_rank "
+                f"is {recipe.lora_rank}; set lora_rank={rank} to continue it"
             )
         from peft import PeftModel
 
@@ -107,15 +95,11 @@ def export_merged(checkpoint: Any, out_dir: str | Path) -> Path:
     base = load_causal_lm(adapter_base(path), torch.float32, "cpu")
     merged = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
     tokenizer = load_tokenizer(str(path))
-    info_file = path / "palaestra.json"
-    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    info = {k: v for k, v in read_info(path).items() if k != "lora"}
 
     def write(staging: Path) -> None:
         merged.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        merged_info = {k: v for k, v in info.items() if k != "lora"}
-        (staging / "palaestra.json").write_text(
-            json.dumps({**merged_info, "merged_from": str(path)}, indent=2)
-        )
+        write_info(staging, {**info, "merged_from": str(path)})
 
     return write_folder_atomic(out_dir, write)

@@ -12,9 +12,9 @@ import torch
 
 from palaestra.models.loading import load_causal_lm
 from palaestra.recipes import Recipe
+from palaestra.train.batch import TrainBatch
 from palaestra.train.learner import Scorer
 from palaestra.train.scoring import score_logprobs
-from palaestra.types import TrainBatch
 
 
 def load_reference(

@@ -20,11 +20,10 @@ import contextlib
 import torch
 
 from palaestra.algo.logprobs import chunked_token_logprobs
+from palaestra.models.kv_cache import cache_argument, has_plain_attention
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
-from palaestra.rollout.kv_cache import cache_argument, has_plain_attention
-from palaestra.train.batch import micro_batch_rows, prefix_groups, take_rows
-from palaestra.types import TrainBatch
+from palaestra.train.batch import TrainBatch, micro_batch_rows, prefix_groups, take_rows
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

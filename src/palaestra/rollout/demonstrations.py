@@ -1,18 +1,21 @@
-"""Supervised fine-tuning data: a dataset row as tokens, with the assistant's tokens marked.
+"""Supervised fine-tuning as a sampler: the dataset's own answers stand in for sampled ones.
 
 ``loss_type="sft_loss"`` trains on demonstrations instead of samples: the row's
 ``output_column`` answer after its prompt, or every assistant turn of its ``messages_column``
-conversation. Only assistant tokens carry loss; the prompt, system and user turns are context.
+conversation. A demonstration becomes a Sample whose ``loss_mask`` marks the assistant's tokens
+(the prompt, system and user turns are context), so the learner trains on it like on any other
+sample; the loop does not know the difference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-import torch
-
-from palaestra.types import Prompt, TrainBatch
+from palaestra.recipes import Recipe
+from palaestra.rollout.sampler import GroupSampler, prompt_order
+from palaestra.types import Prompt, Rollout, Sample
 
 
 @dataclass
@@ -85,18 +88,57 @@ def demonstration(prompt: Prompt, tokenizer, chat_template: bool, kwargs: dict) 
     return Demonstration(prompt.index, token_ids, targets)
 
 
-def build_sft_batch(demos_B: Sequence[Demonstration], pad_id: int) -> TrainBatch:
-    """Right-padded demonstrations; ``mask_B_T[b, t] = 1`` where token ``t + 1`` is a target,
-    aligned with the next-token logits like an RL batch's response mask."""
-    width = max(len(d.token_ids) for d in demos_B)
-    B = len(demos_B)
-    input_ids_B_T = torch.full((B, width), pad_id, dtype=torch.long)
-    attention_mask_B_T = torch.zeros((B, width), dtype=torch.long)
-    mask_B_T = torch.zeros((B, width), dtype=torch.float32)
-    for b, demo in enumerate(demos_B):
-        n = len(demo.token_ids)
-        input_ids_B_T[b, :n] = torch.tensor(demo.token_ids)
-        attention_mask_B_T[b, :n] = 1
-        mask_B_T[b, : n - 1] = torch.tensor(demo.targets[1:], dtype=torch.float32)
-    # Advantage 1: the policy-gradient plumbing is shared, the sft objective ignores it.
-    return TrainBatch(input_ids_B_T, attention_mask_B_T, mask_B_T, torch.ones(B))
+def demonstration_sample(demo: Demonstration, prompt: Prompt, step: int) -> Sample:
+    """``demo`` as a Sample: the tokens before its first target are the prompt, the rest the
+    response, trained where they are targets. The first token can never be predicted, so it is
+    context even when it is a target."""
+    first = next((t for t, target in enumerate(demo.targets) if target), len(demo.targets))
+    first = max(first, 1)
+    return Sample(
+        prompt=prompt.text,
+        response=next(
+            (m["content"] for m in reversed(prompt.messages) if m["role"] == "assistant"),
+            "" if prompt.label is None else str(prompt.label),
+        ),
+        label=prompt.label,
+        metadata=dict(prompt.metadata),
+        index=prompt.index,
+        group_index=0,
+        step=step,
+        messages=list(prompt.messages),
+        prompt_token_ids=demo.token_ids[:first],
+        response_token_ids=demo.token_ids[first:],
+        loss_mask=[int(target) for target in demo.targets[first:]],
+    )
+
+
+class DemonstrationSampler:
+    """``recipe.rollout_batch_size`` demonstrations a step, in the shuffled dataset order; weight
+    updates and evaluation go to ``inner``, the sampler of the model being trained."""
+
+    def __init__(
+        self, demos: list[Demonstration], prompts: list[Prompt], recipe: Recipe, inner: GroupSampler
+    ) -> None:
+        self.demos = demos
+        self.prompts = {p.index: p for p in prompts}
+        self.recipe = recipe
+        self.inner = inner
+
+    def sample(self, step: int, cursor: int) -> Rollout:
+        P = self.recipe.rollout_batch_size
+        rows = prompt_order(len(self.demos), self.recipe.seed, cursor, P)
+        trained_B = [
+            demonstration_sample(self.demos[i], self.prompts[self.demos[i].index], step)
+            for i in rows
+        ]
+        # Nothing was sampled: no traces to log, no rollout time.
+        return Rollout([], trained_B, cursor + P, {"rollout_s": 0.0, "reward_s": 0.0})
+
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        self.inner.update_weights(weights, version)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return self.inner.evaluate(step)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,81 @@
+"""What a step leaves in the run directory: its samples.jsonl rows, its metrics.jsonl row, and,
+on resume, logs cut back to the checkpoint the run restarts from."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from palaestra.runs.directory import RunDirectory
+from palaestra.train.state import TrainerState
+from palaestra.types import Sample
+
+
+def sample_rows(samples_B: list[Sample], trained_B: list[Sample], advantages_B) -> list[dict]:
+    """samples.jsonl rows of every sample drawn; a sample of a dropped group was not trained."""
+    trained = {id(s): float(a) for s, a in zip(trained_B, advantages_B, strict=True)}
+    return [sample_row(s, trained.get(id(s))) for s in samples_B]
+
+
+def sample_row(sample: Sample, advantage: float | None) -> dict[str, Any]:
+    """A samples.jsonl row; ``advantage`` None: the sample's group was dropped, not trained."""
+    return {
+        "step": sample.step,
+        "index": sample.index,
+        "group_index": sample.group_index,
+        "prompt": sample.prompt,
+        "response": sample.response,
+        "reward": sample.reward,
+        "advantage": 0.0 if advantage is None else advantage,
+        "trained": advantage is not None,
+        "label": sample.label,
+        "finish_reason": sample.finish_reason,
+        "response_tokens": len(sample.response_token_ids),
+        "weight_version": sample.weight_version,
+        "metadata": sample.metadata,
+    }
+
+
+def metrics_row(step: int, *parts: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """The step's metrics.jsonl row: its number, each stage's metrics, then the timings."""
+    row: dict[str, Any] = {"step": step}
+    for part in parts:
+        row |= part
+    return row | timings | {"time": time.time()}
+
+
+def append_step(run: RunDirectory, samples: list[dict], metrics: dict[str, Any]) -> None:
+    """Samples first, so a step in metrics.jsonl always has its traces."""
+    run.append_jsonl("samples.jsonl", samples)
+    run.append_jsonl("metrics.jsonl", [metrics])
+    run.update_status(step=metrics["step"])
+
+
+def restore_log(run: RunDirectory, state: TrainerState) -> None:
+    """Make the run's logs end exactly at the checkpoint it restarts from: drop rows written
+    after it, and put back the checkpoint's own rows if a crash came before they were logged."""
+    step = state.step
+    run.truncate_after_step("metrics.jsonl", step)
+    run.truncate_after_step("samples.jsonl", step)
+    logged = {m["step"] for m in run.metrics()}
+    if state.log_metrics is not None and state.run_id == run.run_id and step not in logged:
+        run.truncate_after_step("samples.jsonl", step - 1)
+        run.append_jsonl("samples.jsonl", state.log_samples)
+        run.append_jsonl("metrics.jsonl", [state.log_metrics])
+
+
+def step_line(metrics: dict[str, Any], last_step: int, saved: str | None = None) -> str:
+    parts = [f"step {metrics['step']}/{last_step}"]
+    if "reward_mean" in metrics:
+        parts.append(f"reward {metrics['reward_mean']:+.2f} ± {metrics['reward_std']:.2f}")
+    parts.append(f"loss {metrics.get('loss', float('nan')):+.4f}")
+    if "response_length_mean" in metrics:
+        parts.append(f"len {metrics['response_length_mean']:.0f}")
+    else:
+        parts.append(f"tokens {metrics.get('response_tokens', 0):.0f}")
+    if "dropped_groups" in metrics:
+        parts.append(f"dropped {metrics['dropped_groups']}")
+    parts.append(f"{metrics['step_s']:.1f} s")
+    if saved:
+        parts.append(f"saved {saved}")
+    return "  ".join(parts)
