@@ -18,7 +18,6 @@ from palaestra.data import (
     LocalDataset,
     builtin_dataset,
 )
-from palaestra.data.splits import parse_split
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -99,10 +98,11 @@ def test_split_slicing(two_splits: Path, split: str, expected: list[str]) -> Non
     assert indices(LocalDataset(path=two_splits, hf_split=split)) == expected
 
 
-def test_percent_bounds_agree_with_datasets() -> None:
+def test_bounds_are_the_ones_datasets_computes(tmp_path: Path) -> None:
     from datasets import ReadInstruction
 
     for n in (7, 10, 33, 101):
+        write_jsonl(tmp_path / f"n{n}" / "train.jsonl", numbered(n))
         for spec in (
             "train[:15%]",
             "train[5%:45%]",
@@ -113,9 +113,9 @@ def test_percent_bounds_agree_with_datasets() -> None:
             "train[-4:-1]",
             "train[:1%]",
         ):
-            ours = parse_split(spec)[0].bounds(n)
             (theirs,) = ReadInstruction.from_spec(spec).to_absolute({"train": n})
-            assert ours == (theirs.from_, theirs.to), (spec, n)
+            expected = [f"train-{i}" for i in range(theirs.from_, theirs.to)]
+            assert indices(LocalDataset(path=tmp_path / f"n{n}", hf_split=spec)) == expected
 
 
 def test_unknown_split_lists_available_ones(two_splits: Path) -> None:
@@ -149,11 +149,24 @@ def test_malformed_split_is_refused_at_construction(two_splits: Path, split: str
         LocalDataset(path=two_splits, hf_split=split)
 
 
-def test_pct1_dropremainder_rounding() -> None:
+def test_pct1_dropremainder_rounding(tmp_path: Path) -> None:
     # 250 rows: 1% is trunc(2.5) = 2 rows, so 10% is 20 rows, not round(25.0) = 25.
-    assert parse_split("train[:10%](pct1_dropremainder)")[0].bounds(250) == (0, 20)
-    with pytest.raises(DatasetError, match="fewer than 100"):
-        parse_split("train[:10%](pct1_dropremainder)")[0].bounds(50)
+    write_jsonl(tmp_path / "train.jsonl", numbered(250))
+    write_jsonl(tmp_path / "test.jsonl", numbered(50, "test"))
+    spec = "train[:10%](pct1_dropremainder)"
+    assert len(LocalDataset(path=tmp_path, hf_split=spec).load()) == 20
+    # Each term keeps its own rounding: 20 rows + round(0.1 * 50) = 5 rows.
+    assert len(LocalDataset(path=tmp_path, hf_split=f"{spec}+test[:10%]").load()) == 25
+    with pytest.raises(DatasetError, match=r"split 'test': .* 50 rows \(fewer than 100\)"):
+        LocalDataset(path=tmp_path, hf_split="test[:10%](pct1_dropremainder)").load()
+
+
+def test_split_names_may_carry_a_dash(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "validation-matched.jsonl", numbered(4, "vm"))
+    ds = LocalDataset(path=tmp_path, hf_split="validation-matched[-1:]")
+    assert indices(ds) == ["vm-3"]
+    ds.hf_split = "validation-matched"
+    assert len(ds.load()) == 4
 
 
 # -- loading local files -----------------------------------------------------------------------
@@ -304,7 +317,8 @@ def test_load_is_cached_until_a_field_changes(two_splits: Path) -> None:
     ds.hf_split = "test[:1]"
     assert indices(ds) == ["test-0"]
     # A pickled config carries the settings, not the rows.
-    assert "_rows" not in pickle.loads(pickle.dumps(ds)).__dict__
+    assert pickle.loads(pickle.dumps(ds))._rows is None
+    assert ds._rows is not None
 
 
 # -- columns -----------------------------------------------------------------------------------
@@ -560,6 +574,23 @@ def test_bad_class_level_value_is_caught_at_construction() -> None:
         Bad()
 
 
+def test_subclass_fields_keep_their_docs_and_read_as_class_attributes() -> None:
+    class Topics(LocalDataset):
+        path = "topics.jsonl"
+        input_column = "topic"
+        difficulty: str = "easy"  # an annotated attribute declares a new field
+
+    doc = Topics.model_fields["input_column"].description
+    assert doc == HuggingFaceDataset.model_fields["input_column"].description
+    assert doc.startswith("Column whose value fills")
+    assert (Topics.input_column, Topics.hf_split, Topics.difficulty) == ("topic", "train", "easy")
+    ds = Topics(difficulty="hard")
+    assert (ds.hf_repo, ds.difficulty) == ("topics.jsonl", "hard")
+    assert ds.to_dict()["difficulty"] == "hard"
+    with pytest.raises(TypeError, match="Topics.difficulty must be str, got 3"):
+        Topics(difficulty=3)
+
+
 def test_local_dataset_path_alias(two_splits: Path) -> None:
     ds = LocalDataset(path=two_splits / "test.jsonl", input_column="i")
     assert ds.hf_repo == ds.path == str(two_splits / "test.jsonl")
@@ -579,7 +610,7 @@ def test_to_dict_is_json_and_rebuilds_the_config(tmp_path: Path) -> None:
     data = json.loads(json.dumps(ds.to_dict()))
     assert data["class"] == f"{__name__}._Haiku"
     assert data["hf_repo"] == str(tmp_path) and data["input_column"] == "keywords"
-    assert set(data) == {"class", *DatasetConfig._fields}
+    assert set(data) == {"class", *DatasetConfig.model_fields}
     rebuilt = _Haiku(**{k: v for k, v in data.items() if k != "class"})
     assert rebuilt.to_dict() == ds.to_dict()
     assert repr(ds) == f"_Haiku(hf_repo={str(tmp_path)!r}, hf_split='train[:3]')"

@@ -1,9 +1,11 @@
 """DatasetConfig: where a dataset's rows come from and how each row becomes a prompt.
 
-Users subclass it with plain class attributes (``class HaikuDataset(HuggingFaceDataset):
-input_column = "keywords"``), so it is a plain class, not a pydantic model. The known fields are
-the annotated attributes below; the constructor, attribute assignment and ``__init_subclass__``
-all refuse any other name, so a misspelt knob is an error naming it, never a silent default.
+A pydantic model, like every user-facing config, that users subclass with plain class attributes
+(``class HaikuDataset(HuggingFaceDataset): input_column = "keywords"``, no annotation). Its
+metaclass gives such an attribute the base field's annotation before pydantic builds the class,
+and refuses any other public name, so a misspelt knob is an error naming it and suggesting the
+field, never a silent default. Values are checked strictly, at construction (class-level values
+too) and on assignment, and the errors are a TypeError or DatasetError naming the field.
 
 Rows come from the hub (``datasets.load_dataset``, imported lazily) or from local files (see
 splits.py): one data file, whose single split is ``train``, or a folder of per-split files.
@@ -19,15 +21,19 @@ import json
 import os
 import re
 import string
+import threading
 from pathlib import Path
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from palaestra.atomic import write_bytes_atomic
 from palaestra.data.splits import (
     DATA_SUFFIXES,
     DatasetError,
+    check_split,
     discover_splits,
-    parse_split,
     read_file,
     select_split,
 )
@@ -36,9 +42,64 @@ from palaestra.types import Prompt
 OUTPUT_FORMATS = ("jsonl", "parquet")
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
 
+_building = threading.local()
 
-class DatasetConfig:
+
+class _ConfigMeta(type(BaseModel)):
+    """Lets a subclass set a field by plain assignment, and refuses any other public name."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        _annotate_overrides(name, bases, namespace)
+        # While pydantic builds the class, fields must not look like class attributes (see
+        # __getattr__), or pydantic would take inherited defaults for new assignments.
+        depth = getattr(_building, "depth", 0)
+        _building.depth = depth + 1
+        try:
+            return super().__new__(mcs, name, bases, namespace, **kwargs)
+        finally:
+            _building.depth = depth
+
+    def __getattr__(cls, name: str) -> Any:
+        # pydantic keeps field defaults off the class; the tutorial reads them there
+        # (``HaikuDataset.output_column``), so a finished class serves them.
+        fields = cls.__dict__.get("__pydantic_fields__") or {}
+        if name in fields and not getattr(_building, "depth", 0):
+            field = fields[name]
+            if field.default_factory is None:
+                return field.default
+        return super().__getattr__(name)
+
+
+def _annotate_overrides(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> None:
+    """Give each plain assignment of a base field that field, with its doc and checks, and the
+    new default; TypeError for a public name that is no field."""
+    fields: dict[str, FieldInfo] = {}
+    for base in reversed(bases):
+        fields.update(getattr(base, "__pydantic_fields__", None) or {})
+    annotations = namespace.setdefault("__annotations__", {})
+    for attr, value in list(namespace.items()):
+        if attr.startswith("_") or attr == "model_config" or attr in annotations:
+            continue
+        if callable(value) or hasattr(value, "__get__"):  # methods, properties, validators
+            continue
+        if attr not in fields:
+            raise TypeError(
+                f"{name}.{attr} is not a field of {bases[0].__name__}{_suggest(attr, fields)}"
+            )
+        annotations[attr] = fields[attr].annotation
+        namespace[attr] = FieldInfo.merge_field_infos(fields[attr], default=value)
+
+
+class DatasetConfig(BaseModel, metaclass=_ConfigMeta):
     """A dataset of prompts: its source, its split, and how a row is turned into chat messages."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        validate_default=True,
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+    )
 
     hf_repo: str | None = None
     """Hub dataset id (``statworx/haiku``), or a local data file or folder of per-split files."""
@@ -63,82 +124,88 @@ class DatasetConfig:
     messages_column: str | None = None
     """Column already holding a list of chat messages, used instead of ``prompt_template``."""
 
-    _fields: ClassVar[dict[str, Any]] = {}  # field name -> type, set below from the annotations
     _local_only: ClassVar[bool] = False
-    _rows: list[dict[str, Any]] | None = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.__module__ == __name__:  # only palaestra's own subclasses may declare new fields
-            cls._fields = _declared_fields(cls)
-        for name, value in vars(cls).items():
-            if name.startswith("_") or name in cls._fields or callable(value):
-                continue
-            if isinstance(value, property | classmethod | staticmethod):
-                continue
-            raise TypeError(
-                f"{cls.__name__}.{name} is not a field of {cls.__mro__[1].__name__}"
-                f"{_suggest(name, cls._fields)}"
-            )
+    _rows: list[dict[str, Any]] | None = PrivateAttr(default=None)
 
     def __init__(self, **overrides: Any) -> None:
+        fields = type(self).model_fields
         for name in overrides:
-            if name not in self._fields:
+            if name not in fields:
                 raise TypeError(
                     f"{type(self).__name__}() got an unexpected keyword {name!r}"
-                    f"{_suggest(name, self._fields)}"
+                    f"{_suggest(name, fields)}"
                 )
-        # Every field lands on the instance, so class-level values are checked here too.
-        for name in self._fields:
-            setattr(self, name, overrides.get(name, getattr(type(self), name)))
+        try:
+            super().__init__(**overrides)
+        except ValidationError as err:
+            raise _config_error(type(self), err) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_"):
-            if name not in self._fields:
-                raise AttributeError(
-                    f"{type(self).__name__} has no field {name!r}{_suggest(name, self._fields)}"
-                )
-            value = self._checked(name, value)
-            object.__setattr__(self, "_rows", None)  # another field value may select other rows
-        object.__setattr__(self, name, value)
+        if name.startswith("_"):
+            super().__setattr__(name, value)
+            return
+        fields = type(self).model_fields
+        if name not in fields:
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}{_suggest(name, fields)}"
+            )
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as err:
+            raise _config_error(type(self), err) from None
+        self._rows = None  # another field value may select other rows
 
-    def _checked(self, name: str, value: Any) -> Any:
-        value = _plain(value)
-        hint = self._fields[name]
-        if not isinstance(value, hint):
-            raise TypeError(
-                f"{type(self).__name__}.{name} must be {getattr(hint, '__name__', hint)}, "
-                f"got {value!r}"
-            )
-        if name == "output_format" and value not in OUTPUT_FORMATS:
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_path(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("output_format")
+    @classmethod
+    def _check_output_format(cls, value: str) -> str:
+        if value not in OUTPUT_FORMATS:
             raise DatasetError(
-                f"{type(self).__name__}.output_format is {value!r}; allowed: "
-                f"{', '.join(OUTPUT_FORMATS)}"
+                f"{cls.__name__}.output_format is {value!r}; allowed: {', '.join(OUTPUT_FORMATS)}"
             )
-        if name == "hf_split":
-            parse_split(value)
-        if name == "prompt_template":
-            _template_fields(value)
+        return value
+
+    @field_validator("hf_split")
+    @classmethod
+    def _check_split(cls, value: str) -> str:
+        check_split(value)
+        return value
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_template(cls, value: str) -> str:
+        _template_fields(value)
         return value
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled config (sent to a training process) carries the settings, not the rows.
-        return {k: v for k, v in self.__dict__.items() if k != "_rows"}
+        state = super().__getstate__()
+        private = {**(state.get("__pydantic_private__") or {}), "_rows": None}
+        return {**state, "__pydantic_private__": private}
+
+    # Identity, as before pydantic: a config may key a dict, and its rows are no part of it.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         cls = type(self)
         changed = [
             f"{name}={getattr(self, name)!r}"
-            for name in self._fields
-            if getattr(self, name) != _plain(getattr(cls, name))
+            for name, field in cls.model_fields.items()
+            if getattr(self, name) != _plain(field.default)
         ]
         return f"{cls.__name__}({', '.join(changed)})"
+
+    __str__ = __repr__
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, plus ``"class"``: what a run's ``config.json`` records."""
         cls = type(self)
-        fields = {name: getattr(self, name) for name in self._fields}
-        return {"class": f"{cls.__module__}.{cls.__qualname__}", **fields}
+        return {"class": f"{cls.__module__}.{cls.__qualname__}", **self.model_dump()}
 
     @property
     def _where(self) -> str:
@@ -307,14 +374,6 @@ class DatasetConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _declared_fields(cls: type) -> dict[str, Any]:
-    """The annotated public attributes of ``cls`` and its bases: its fields and their types."""
-    return {k: v for k, v in get_type_hints(cls).items() if not k.startswith("_")}
-
-
-DatasetConfig._fields = _declared_fields(DatasetConfig)
-
-
 class HuggingFaceDataset(DatasetConfig):
     """A dataset on the Hugging Face hub (or a local copy of one): subclass and set its fields."""
 
@@ -360,6 +419,23 @@ def _suggest(name: str, fields: dict[str, Any]) -> str:
     close = difflib.get_close_matches(name, fields, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"{hint} Known fields: {', '.join(fields)}"
+
+
+def _config_error(cls: type[DatasetConfig], err: ValidationError) -> Exception:
+    """The first problem pydantic found, as the error this config has always raised."""
+    first = err.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, DatasetError):  # raised by a validator above, message and all
+        return cause
+    name = str(first["loc"][0]) if first["loc"] else "?"
+    field = cls.model_fields.get(name)
+    if first["type"].endswith("_type") and field is not None:
+        hint = field.annotation
+        return TypeError(
+            f"{cls.__name__}.{name} must be {getattr(hint, '__name__', hint)}, "
+            f"got {first['input']!r}"
+        )
+    return DatasetError(f"{cls.__name__}.{name}: {first['msg']}")
 
 
 def _plain(value: Any) -> Any:

@@ -1,12 +1,15 @@
-"""Local splits: which files make up each split, reading them, and the slicing syntax.
+"""Local splits: which files make up each split, reading them, and selecting rows by a split spec.
 
 A folder holds one file per split, ``<split>.jsonl`` (or .json, .parquet, .csv), or shards
 ``<split>-00000-of-00002.parquet``, at its top or under ``data/`` as hub repos lay them out.
-``train``, ``train[:10]``, ``train[10:15]``, ``train[-5:]``, ``train[:10%]``,
-``train[10%:20%]`` and concatenations such as ``train[:10]+test[:5]`` select the same rows here
-as ``datasets.load_dataset(..., split=...)`` does on the hub, so a dataset config means the same
-thing whether ``hf_repo`` names a hub id or a folder on disk. Percent boundaries use the library's
-default ``closest`` rounding (``round(pct * n / 100)``); ``(pct1_dropremainder)`` is accepted too.
+
+A split spec (``train``, ``train[:10]``, ``train[10:15]``, ``train[-5:]``, ``train[:10%]``,
+``train[10%:20%](pct1_dropremainder)``, ``train[:10]+test[:5]``) is parsed and turned into row
+bounds by ``datasets.ReadInstruction``, the code ``datasets.load_dataset(..., split=...)`` runs on
+the hub, so a dataset config selects the same rows whether ``hf_repo`` names a hub id or a folder
+on disk. This module adds what the library leaves out: errors that name the spec and list the
+accepted forms, split names with a ``-`` (local file names carry them), and no ``datasets``
+import at all for a spec that names one whole split.
 
 ``DatasetError`` lives here because this is the lowest module of the data package.
 """
@@ -14,12 +17,13 @@ default ``closest`` rounding (``round(pct * n / 100)``); ``(pct1_dropremainder)`
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datasets import ReadInstruction
 
 
 class DatasetError(ValueError):
@@ -30,91 +34,71 @@ ACCEPTED_FORMS = (
     "train, train[:10], train[10:15], train[-5:], train[:10%], train[10%:20%], train[:10]+test[:5]"
 )
 
-# The same grammar as datasets.arrow_reader._SUB_SPEC_RE, with '-' allowed in split names
-# because local file names (``validation-matched.jsonl``) may carry one.
-_PART_RE = re.compile(
-    r"^(?P<split>\w[\w.-]*)"
-    r"(\[(?:(?P<from>-?[\d_]+)(?P<from_pct>%)?)?:(?:(?P<to>-?[\d_]+)(?P<to_pct>%)?)?\])?"
-    r"(\((?P<rounding>[^)]*)\))?$"
-)
-_ROUNDINGS = ("closest", "pct1_dropremainder")
+# A spec naming one whole split; datasets' split-name grammar, with '-' allowed.
+_WHOLE_SPLIT_RE = re.compile(r"\w+([.-]\w+)*")
+# datasets' own separator between the terms of a spec.
+_TERM_SEP_RE = re.compile(r"\s*\+\s*")
+# datasets' grammar refuses '-' in a split name, so one travels through its parser as this
+# token. A '-' after '[' or ':' (a negative bound) has no word character before it and stays.
+_DASH_IN_NAME_RE = re.compile(r"(?<=\w)-(?=\w)")
+_DASH = "_0x2d_"
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 # HF's shard naming, train-00000-of-00003.parquet; the stem before it is the split.
 _SHARD_RE = re.compile(r"^(?P<split>.+?)-\d+(-of-\d+)?$")
 
 
-@dataclass(frozen=True)
-class SplitSlice:
-    """One ``name[from:to]`` term of a split spec, before the split's length is known."""
-
-    split: str
-    start: int | None = None
-    stop: int | None = None
-    percent: bool = False
-    rounding: str = "closest"
-
-    def bounds(self, n: int) -> tuple[int, int]:
-        """Absolute ``(start, stop)`` in a split of ``n`` rows, clamped like ``datasets``."""
-        start, stop = self.start, self.stop
-        if self.percent:
-            start = 0 if start is None else self._pct_to_abs(start, n)
-            stop = n if stop is None else self._pct_to_abs(stop, n)
-        else:
-            start = 0 if start is None else start
-            stop = n if stop is None else stop
-        if start < 0:
-            start = max(n + start, 0)
-        if stop < 0:
-            stop = max(n + stop, 0)
-        return min(start, n), min(stop, n)
-
-    def _pct_to_abs(self, pct: int, n: int) -> int:
-        if self.rounding == "closest":
-            return int(round(pct * n / 100.0))
-        if n < 100:
-            raise DatasetError(
-                f"split {self.split!r}: pct1_dropremainder rounding on a split of {n} rows "
-                "(fewer than 100) always selects nothing"
-            )
-        return pct * math.trunc(n / 100.0)
+def check_split(spec: str) -> None:
+    """DatasetError unless ``spec`` is a well-formed split spec; cheap for a whole split."""
+    if not (isinstance(spec, str) and _WHOLE_SPLIT_RE.fullmatch(spec)):
+        parse_split(spec)
 
 
-def parse_split(spec: str) -> list[SplitSlice]:
-    """Parse ``spec`` into its ``+``-separated terms; DatasetError on anything malformed."""
+def parse_split(spec: str) -> list[ReadInstruction]:
+    """One ``datasets.ReadInstruction`` per ``+``-separated term; DatasetError if malformed.
+
+    Terms are parsed apart so that each keeps its own rounding, as in a single term.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise DatasetError(f"malformed split {spec!r}; accepted forms: {ACCEPTED_FORMS}")
-    slices = []
-    for part in re.split(r"\s*\+\s*", spec.strip()):
-        match = _PART_RE.match(part)
-        if match is None:
-            raise DatasetError(f"malformed split {spec!r}; accepted forms: {ACCEPTED_FORMS}")
-        percent = bool(match["from_pct"] or match["to_pct"])
-        # datasets silently reads '10:20%' as percent at both ends; a mix is more likely a typo.
-        if percent and (
-            (match["from"] and not match["from_pct"]) or (match["to"] and not match["to_pct"])
-        ):
-            raise DatasetError(
-                f"malformed split {spec!r}: both boundaries of {part!r} must be rows or "
-                f"percentages, not one of each; accepted forms: {ACCEPTED_FORMS}"
-            )
+    from datasets import ReadInstruction
+
+    terms = []
+    for term in _TERM_SEP_RE.split(spec.strip()):
         try:
-            start = int(match["from"]) if match["from"] else None
-            stop = int(match["to"]) if match["to"] else None
-        except ValueError:  # the grammar lets a lone '_' through, as datasets' does
-            raise DatasetError(
-                f"malformed split {spec!r}; accepted forms: {ACCEPTED_FORMS}"
-            ) from None
-        if percent and any(b is not None and abs(b) > 100 for b in (start, stop)):
-            raise DatasetError(f"malformed split {spec!r}: percentages must be within -100..100")
-        rounding = match["rounding"] or "closest"
-        if rounding not in _ROUNDINGS or (match["rounding"] and not percent):
-            raise DatasetError(
-                f"malformed split {spec!r}: rounding {rounding!r} needs percent boundaries "
-                f"and one of {', '.join(_ROUNDINGS)}"
-            )
-        slices.append(SplitSlice(match["split"], start, stop, percent, rounding))
-    return slices
+            terms.append(ReadInstruction.from_spec(_DASH_IN_NAME_RE.sub(_DASH, term)))
+        except ValueError as err:
+            raise DatasetError(_malformed(spec, term, str(err))) from None
+        _check_units(spec, term)
+    return terms
+
+
+def split_name(term: ReadInstruction) -> str:
+    """The split a parsed term reads (its spec starts with the name)."""
+    return str(term).partition("[")[0].replace(_DASH, "-")
+
+
+def _malformed(spec: str, term: str, reason: str) -> str:
+    """Today's message for each way ``datasets`` refuses a term."""
+    if "Percent slice boundaries" in reason:
+        return f"malformed split {spec!r}: percentages must be within -100..100"
+    if "rounding" in reason:
+        rounding = term.rpartition("(")[2].rstrip(")")
+        return (
+            f"malformed split {spec!r}: rounding {rounding!r} needs percent boundaries "
+            "and one of closest, pct1_dropremainder"
+        )
+    return f"malformed split {spec!r}; accepted forms: {ACCEPTED_FORMS}"
+
+
+def _check_units(spec: str, term: str) -> None:
+    # datasets silently reads '10:20%' as percent at both ends; a mix is more likely a typo.
+    bounds = [b for b in term.partition("[")[2].partition("]")[0].split(":") if b]
+    if len({b.endswith("%") for b in bounds}) > 1:
+        raise DatasetError(
+            f"malformed split {spec!r}: both boundaries of {term!r} must be rows or "
+            f"percentages, not one of each; accepted forms: {ACCEPTED_FORMS}"
+        )
 
 
 def select_split(
@@ -124,22 +108,34 @@ def select_split(
     source: str = "the dataset",
 ) -> list[dict[str, Any]]:
     """The rows ``spec`` selects; ``load(name)`` reads one whole split, once, only if needed."""
-    slices = parse_split(spec)
-    for piece in slices:
-        if piece.split not in available:
+    if isinstance(spec, str) and _WHOLE_SPLIT_RE.fullmatch(spec):
+        _check_known([spec], available, source)
+        return load(spec)
+    terms = parse_split(spec)
+    names = [split_name(term) for term in terms]
+    _check_known(names, available, source)
+    loaded = {name: load(name) for name in dict.fromkeys(names)}
+    rows: list[dict[str, Any]] = []
+    for name, term in zip(names, terms, strict=True):
+        split_rows = loaded[name]
+        try:
+            (bounds,) = term.to_absolute({_DASH_IN_NAME_RE.sub(_DASH, name): len(split_rows)})
+        except ValueError:  # the one way a known split fails: pct1 rounding of < 100 rows
             raise DatasetError(
-                f"unknown split {piece.split!r} in {source}; available splits: "
+                f"split {name!r}: pct1_dropremainder rounding on a split of {len(split_rows)} "
+                "rows (fewer than 100) always selects nothing"
+            ) from None
+        rows.extend(split_rows[bounds.from_ : bounds.to])
+    return rows
+
+
+def _check_known(names: list[str], available: Sequence[str], source: str) -> None:
+    for name in names:
+        if name not in available:
+            raise DatasetError(
+                f"unknown split {name!r} in {source}; available splits: "
                 f"{', '.join(sorted(available)) or '(none)'}"
             )
-    loaded: dict[str, list[dict[str, Any]]] = {}
-    rows: list[dict[str, Any]] = []
-    for piece in slices:
-        if piece.split not in loaded:
-            loaded[piece.split] = load(piece.split)
-        split_rows = loaded[piece.split]
-        start, stop = piece.bounds(len(split_rows))
-        rows.extend(split_rows[start:stop])
-    return rows
 
 
 def discover_splits(root: Path) -> dict[str, list[Path]]:
