@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from palaestra.atomic import write_json_atomic
+from palaestra.data import DatasetConfig
 from palaestra.home import palaestra_home
 
 
@@ -44,7 +47,7 @@ class EvalResult:
         return f"EvalResult(mean={self.mean:.3f}, total={self.total}, id={self.id!r})"
 
 
-class EvalConfig:
+class EvalConfig(BaseModel):
     """How to score an endpoint on a dataset.
 
     Give exactly one of:
@@ -53,34 +56,51 @@ class EvalConfig:
     - ``eval_response_fn(message, row) -> float``: gets the whole reply message (``content``,
       ``reasoning_content``) and the dataset row, for scores that need the reference answer.
 
-    Either may be ``async def``. ``generate_kwargs`` go into every request (``max_tokens``,
-    ``temperature``, ``seed``, ``chat_template_kwargs``...). ``n_samples_per_prompt`` answers
-    are drawn for each row (one request with ``n``) and a row scores their mean: a sampled
-    model's mean over a small dataset is noisy, and more samples per row steady it cheaply, since
-    the endpoint generates them in one batched pass.
+    Either may be ``async def``. The dataset may be passed by position:
+    ``EvalConfig(eval_dataset, eval_fn=score_haiku)``.
     """
 
-    def __init__(
-        self,
-        dataset: Any,
-        eval_fn: Callable[[str], float] | None = None,
-        eval_response_fn: Callable[[dict[str, Any], dict[str, Any]], float] | None = None,
-        generate_kwargs: dict[str, Any] | None = None,
-        name: str | None = None,
-        n_samples_per_prompt: int = 1,
-    ) -> None:
-        if (eval_fn is None) == (eval_response_fn is None):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    dataset: DatasetConfig
+    """The rows to score; each becomes a prompt as in training."""
+    eval_fn: Callable[[str], float] | None = None
+    """``eval_fn(text) -> float``, on the response's visible content (or its reasoning when the
+    content is empty)."""
+    eval_response_fn: Callable[[dict[str, Any], dict[str, Any]], float] | None = None
+    """``eval_response_fn(message, row) -> float``, on the whole reply message and the row."""
+    generate_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Sent with every request: ``max_tokens``, ``temperature``, ``seed``,
+    ``chat_template_kwargs``... (never ``n``: see ``n_samples_per_prompt``)."""
+    name: str | None = None
+    """A name for the saved result, shown beside it."""
+    n_samples_per_prompt: int = 1
+    """Answers drawn for each row (one request with ``n``); a row scores their mean. A sampled
+    model's mean over a small dataset is noisy, and more samples per row steady it cheaply,
+    since the endpoint generates them in one batched pass."""
+
+    def __init__(self, dataset: DatasetConfig, **fields: Any) -> None:
+        super().__init__(dataset=dataset, **fields)
+
+    @field_validator("generate_kwargs", mode="before")
+    @classmethod
+    def _copy_kwargs(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @field_validator("n_samples_per_prompt")
+    @classmethod
+    def _check_samples(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"n_samples_per_prompt must be at least 1, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_scorer(self) -> EvalConfig:
+        if (self.eval_fn is None) == (self.eval_response_fn is None):
             raise ValueError("EvalConfig needs exactly one of eval_fn or eval_response_fn")
-        if n_samples_per_prompt < 1:
-            raise ValueError(f"n_samples_per_prompt must be at least 1, got {n_samples_per_prompt}")
-        if "n" in (generate_kwargs or {}):
+        if "n" in self.generate_kwargs:
             raise ValueError("set n_samples_per_prompt rather than generate_kwargs['n']")
-        self.n_samples_per_prompt = n_samples_per_prompt
-        self.dataset = dataset
-        self.eval_fn = eval_fn
-        self.eval_response_fn = eval_response_fn
-        self.generate_kwargs = dict(generate_kwargs or {})
-        self.name = name
+        return self
 
     def evaluate(
         self, deployment: Any, max_concurrency: int = 4, show_progress: bool = True
