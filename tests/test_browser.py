@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from palaestra import RunFailedError
-from palaestra.runs.directory import process_start_time, read_jsonl
+from palaestra.runs.directory import read_jsonl
+from palaestra.runs.liveness import process_start_time
 from palaestra.runs.registry import list_run_ids
 from tiny_runs import count_lowercase, gate_path, gated_reward, tiny_config, write_topics
 

@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 
 from palaestra import RunFailedError
 from palaestra.dashboard.app import _finite, create_app
-from palaestra.runs.directory import process_start_time, read_jsonl
+from palaestra.runs.directory import read_jsonl
+from palaestra.runs.liveness import process_start_time
 from tiny_runs import count_lowercase, tiny_config, write_topics
 
 

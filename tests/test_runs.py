@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from palaestra.runs.directory import RunDirectory, process_start_time, read_jsonl
+from palaestra.checkpoints import TRAINER_STATE_FILE
+from palaestra.runs.directory import RunDirectory, read_jsonl
+from palaestra.runs.liveness import process_start_time
 
 
 @pytest.fixture
@@ -48,6 +50,131 @@ def test_only_complete_checkpoints_are_listed(run):
     for name in ("step_000002", "step_000010", ".step_000011-x7", "step_000012", "notes"):
         (run.checkpoints_dir / name).mkdir(parents=True)
     for name in ("step_000002", "step_000010", ".step_000011-x7"):
-        (run.checkpoints_dir / name / "trainer_state.pt").write_bytes(b"")
+        (run.checkpoints_dir / name / TRAINER_STATE_FILE).write_bytes(b"")
     # step_000012 has no trainer state (not ours, or emptied by hand): not a checkpoint.
     assert [step for step, _ in run.checkpoint_paths()] == [2, 10]
+
+
+# The store's other records and readers --------------------------------------------------------
+
+
+def test_save_eval_writes_a_new_id_first_and_lists_without_rows(tmp_path):
+    from palaestra.runs.evals import list_evals, read_eval, save_eval
+
+    eval_id, path = save_eval({"id": "ignored", "mean": 0.5, "rows": [{"score": 0.5}]}, tmp_path)
+    assert path == tmp_path / "evals" / f"{eval_id}.json"
+    assert eval_id.startswith("eval-") and len(eval_id.split("-")[-1]) == 6
+    assert list(json.loads(path.read_text())) == ["id", "mean", "rows"]
+    assert list_evals(tmp_path) == [{"id": eval_id, "mean": 0.5}]
+    assert read_eval(eval_id, tmp_path)["rows"] == [{"score": 0.5}]
+    with pytest.raises(KeyError, match="no eval '../evals'"):
+        read_eval("../evals", tmp_path)
+
+
+def test_endpoint_records_list_live_servers_with_safe_fields_only(tmp_path):
+    from palaestra.runs.endpoints import endpoint_files, list_endpoints, read_records
+
+    live = endpoint_files("live", tmp_path)
+    live.write({"name": "live", "pid": os.getpid(), "pid_start": process_start_time(os.getpid())})
+    live.update(url="http://127.0.0.1:1", api_key="never-shown")
+    live.write_key("secret")
+    assert oct(live.key.stat().st_mode)[-3:] == "600" and live.read_key() == "secret"
+    dead = endpoint_files("dead", tmp_path)
+    dead.write({"name": "dead", "pid": os.getpid(), "pid_start": 1})
+    (shown,) = list_endpoints(tmp_path)
+    assert shown["name"] == "live" and shown["url"] == "http://127.0.0.1:1" and shown["running"]
+    assert "api_key" not in shown and "pid_start" not in shown
+    assert [r["name"] for r in read_records(tmp_path, running_only=False)] == ["live", "dead"]
+    live.remove()
+    assert not live.record.exists() and not live.key.exists()
+
+
+def test_last_lines_and_new_lines_share_one_offset(tmp_path):
+    from palaestra.runs.logs import last_lines, new_lines
+
+    log = tmp_path / "train.log"
+    assert last_lines(log, 5) == ([], None)
+    log.write_text("one\ntwo\nthree\nhalf")
+    assert last_lines(log, 2) == (["three", "half"], len("one\ntwo\nthree\nhalf"))
+    shown, offset = last_lines(log, 2, partial=False)
+    assert shown == ["two", "three"] and offset == len("one\ntwo\nthree\n")
+    assert new_lines(log, offset) == ([], offset)  # "half" waits for its newline
+    with open(log, "a") as handle:
+        handle.write(" done\nnext\n")
+    assert new_lines(log, offset) == (["half done", "next"], log.stat().st_size)
+
+
+def test_step_line_is_the_training_process_line_and_is_recognised():
+    from palaestra.runs.progress import is_step_line, step_line
+
+    metrics = {
+        "step": 3,
+        "reward_mean": 1.2,
+        "reward_std": 0.3,
+        "loss": 0.0123,
+        "response_length_mean": 20.2,
+        "dropped_groups": 1,
+        "step_s": 4.21,
+    }
+    line = step_line(metrics, 10, "/runs/x/checkpoints/step_000003")
+    assert line == (
+        "step 3/10  reward +1.20 ± 0.30  loss +0.0123  len 20  dropped 1  4.2 s  saved step_000003"
+    )
+    assert step_line({"step": 1, "step_s": 1.0}, 2) == "step 1/2  loss +nan  tokens 0  1.0 s"
+    assert is_step_line(line) and not is_step_line("stepping 3/10 ")
+
+
+def test_the_store_imports_nothing_that_controls_or_trains():
+    """Every import in runs/, function-level ones included: only the store's own modules and
+    light shared ones (no launch/, serve/, train/, dashboard/, cli, torch)."""
+    import ast
+    from pathlib import Path
+
+    import palaestra.runs
+
+    allowed = ("palaestra.runs", "palaestra.atomic", "palaestra.home", "palaestra.checkpoints")
+    for path in Path(palaestra.runs.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in ("palaestra", "torch", "transformers"):
+                    assert name.startswith(allowed), f"{path.name} imports {name}"
+
+
+# Launching: the one process helper ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_spawned_module_logs_and_is_stopped_or_killed(tmp_path, monkeypatch, ignores_sigterm):
+    import signal
+    import time
+
+    from palaestra.launch.process import process_record, spawn_module, stop_process
+    from palaestra.runs.liveness import pid_alive
+
+    # Importable only through the caller's sys.path, which the child gets as PYTHONPATH.
+    (tmp_path / "sleeper.py").write_text(
+        "import os, signal, sys, time\n"
+        f"if {ignores_sigterm}: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', sys.argv[1], os.environ['EXTRA'], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    log = tmp_path / "logs" / "sleeper.log"
+    process = spawn_module("sleeper", ["arg"], log, {"EXTRA": "env"})
+    record = process_record(process)
+    deadline = time.monotonic() + 30
+    while "up" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    assert log.read_text() == "up arg env\n"
+    assert os.getsid(process.pid) == process.pid  # its own session: a Ctrl-C here misses it
+    killed = stop_process(record["pid"], record["pid_start"], timeout=1.0, process=process)
+    assert killed is ignores_sigterm
+    assert process.returncode == (-signal.SIGKILL if ignores_sigterm else -signal.SIGTERM)
+    assert not pid_alive(record["pid"], record["pid_start"])

@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-STATES = ("pending", "running", "completed", "failed", "stopped")
-# The training process's own per-step line; `palaestra train` shows its progress bar instead.
-STEP_LINE = re.compile(r"^step \d+/\d+\s")
+# Light: the run store's formatting and log readers load no torch, pydantic or FastAPI.
+from palaestra.runs.directory import FINAL_STATES, STATES
+from palaestra.runs.logs import last_lines, new_lines
+from palaestra.runs.progress import duration as _duration
+from palaestra.runs.progress import is_step_line, progress_line
 
 
 class CommandError(Exception):
@@ -32,17 +33,6 @@ class CommandError(Exception):
 
 def _when(timestamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp)) if timestamp else "-"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} m {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} m"
 
 
 def _number(value: float | None, sign: bool = True) -> str:
@@ -77,25 +67,6 @@ def table(rows: list[list[str]], header: list[str], shrink: tuple[int, ...] = ()
     return "\n".join(line.rstrip() for line in lines)
 
 
-def progress_line(metrics: dict, total: int | None, first_step: int, started: float) -> str:
-    """``step 3/10 [######--------------] reward +0.52 ±0.31  3.4 s/step  eta 24 s``."""
-    step = metrics["step"]
-    done, span = step - first_step, (total or step) - first_step
-    fraction = done / span if span > 0 else 1.0
-    bar = "#" * round(20 * fraction) + "-" * (20 - round(20 * fraction))
-    parts = [f"step {step}/{total or '?'} [{bar}]"]
-    if metrics.get("reward_mean") is not None:
-        parts.append(f"reward {metrics['reward_mean']:+.3f} ±{metrics.get('reward_std') or 0:.3f}")
-    if metrics.get("loss") is not None:
-        parts.append(f"loss {metrics['loss']:+.4f}")
-    if metrics.get("step_s") is not None:
-        parts.append(f"{metrics['step_s']:.1f} s/step")
-    if total and done and step < total:
-        remaining = (time.monotonic() - started) / done * (total - step)
-        parts.append(f"eta {_duration(remaining)}")
-    return "  ".join(parts)
-
-
 # palaestra train ----------------------------------------------------------------------------
 
 
@@ -124,14 +95,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def follow_training(run, poll_s: float = 0.3) -> int:
-    """Print the run's log as it grows, with a progress line per step, until it ends."""
-    from palaestra.runs.directory import FINAL_STATES
-
+    """Print the run's log as it grows, with a progress line per step (in place of the
+    training process's own step lines), until it ends."""
     log_offset, shown_steps, started = 0, 0, time.monotonic()
     first_step = None
     while True:
         info = run.status_info()  # read before the files, so nothing written before "done" is lost
-        log_offset = _print_new_log(run.path / "train.log", log_offset, skip=STEP_LINE)
+        lines, log_offset = new_lines(run.path / "train.log", log_offset)
+        for line in lines:
+            if not is_step_line(line):
+                print(line, flush=True)
         metrics = run.metrics()
         if first_step is None and info.get("total_steps"):
             first_step = info.get("first_step") or 0
@@ -154,25 +127,11 @@ def follow_training(run, poll_s: float = 0.3) -> int:
     return 1
 
 
-def _print_new_log(path: Path, offset: int, skip: re.Pattern | None = None) -> int:
-    """Print the whole lines of ``path`` past ``offset``; returns the new offset."""
-    if not path.is_file():
-        return offset
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        chunk = handle.read()
-    end = chunk.rfind(b"\n") + 1
-    for line in chunk[:end].decode(errors="replace").splitlines():
-        if skip is None or not skip.match(line):
-            print(line, flush=True)
-    return offset + end
-
-
 # palaestra run ... --------------------------------------------------------------------------
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
-    from palaestra.dashboard.records import list_runs
+    from palaestra.runs.records import list_runs
 
     runs = list_runs(status=args.status, limit=args.limit)
     if args.json:
@@ -200,7 +159,7 @@ def cmd_run_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run_get(args: argparse.Namespace) -> int:
-    from palaestra.dashboard.records import run_detail
+    from palaestra.runs.records import run_detail
 
     run = run_detail(args.run_id)
     if args.json:
@@ -239,40 +198,29 @@ def cmd_run_get(args: argparse.Namespace) -> int:
 
 
 def cmd_run_logs(args: argparse.Namespace) -> int:
-    from palaestra.dashboard.records import open_run
-    from palaestra.runs.directory import FINAL_STATES
+    from palaestra.runs.registry import open_run
 
     run = open_run(args.run_id)
-    offset = _print_tail(run.log_path, args.lines)
+    # Whole lines only: a line still being written is printed once complete, by the follow.
+    shown, offset = last_lines(run.log_path, args.lines, partial=False)
+    for line in shown:
+        print(line)
+    sys.stdout.flush()
     if offset is None and not args.follow:
         print(f"(run {args.run_id} has no output yet)")
     while args.follow:
         done = run.read_status()["state"] in FINAL_STATES
-        offset = _print_new_log(run.log_path, offset or 0)
+        lines, offset = new_lines(run.log_path, offset or 0)
+        for line in lines:
+            print(line, flush=True)
         if done:
             break
         time.sleep(0.3)
     return 0
 
 
-def _print_tail(path: Path, lines: int) -> int | None:
-    """Print the last ``lines`` whole lines of ``path``; the offset after them, or None."""
-    if not path.is_file():
-        return None
-    with open(path, "rb") as handle:
-        end = handle.seek(0, 2)
-        start = handle.seek(max(0, end - 512 * 1024))
-        chunk = handle.read(end - start)
-    whole = chunk[: chunk.rfind(b"\n") + 1]
-    for line in whole.decode(errors="replace").splitlines()[-lines:]:
-        print(line)
-    sys.stdout.flush()
-    return start + len(whole)
-
-
 def cmd_run_stop(args: argparse.Namespace) -> int:
-    from palaestra.runs import TrainingRun
-    from palaestra.runs.directory import FINAL_STATES
+    from palaestra.launch.training import TrainingRun
 
     run = TrainingRun.from_id(args.run_id)
     before = run.status_info()
@@ -339,19 +287,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoint_list(args: argparse.Namespace) -> int:
-    from palaestra.serve import Endpoint
+    from palaestra.runs.endpoints import list_endpoints
 
-    endpoints = Endpoint.list()
+    endpoints = list_endpoints()
     if args.json:
-        print(json.dumps([e.info for e in endpoints], indent=2))
+        print(json.dumps(endpoints, indent=2))
         return 0
     rows = [
-        [
-            e.name,
-            e.info.get("url") or "-",
-            e.info.get("checkpoint") or e.info.get("model"),
-            _when(e.info.get("started_at")),
-        ]
+        [e["name"], e["url"] or "-", e["checkpoint"] or e["model"], _when(e["started_at"])]
         for e in endpoints
     ]
     print(

@@ -1,6 +1,7 @@
 """The dashboard's web app: JSON over the run registry, evals and endpoints, and the page.
 
-Read-only by construction: every route is a GET that reads the palaestra home. The page is
+Read-only by construction: every route is a GET that reads the palaestra home, through the run
+store (``palaestra.runs``), which owns every file format it shows. The page is
 one static HTML file whose script (served from this package, no CDN) fetches the JSON and
 polls it while a run is live, so no template engine or JavaScript build step is involved.
 """
@@ -15,8 +16,11 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from palaestra.dashboard import records
 from palaestra.home import palaestra_home
+from palaestra.runs import records
+from palaestra.runs.endpoints import list_endpoints
+from palaestra.runs.evals import list_evals, read_eval
+from palaestra.runs.registry import open_run
 
 STATIC = Path(__file__).parent / "static"
 NO_STORE = {"Cache-Control": "no-store"}  # live data: never answer a poll from a cache
@@ -55,15 +59,11 @@ def create_app(home: Path | None = None) -> FastAPI:
 
     @app.get("/api/runs/{run_id}/metrics")
     def metrics(run_id: str) -> Any:
-        return _json(found(records.open_run, run_id).metrics())
+        return _json(found(open_run, run_id).metrics())
 
     @app.get("/api/runs/{run_id}/samples")
     def samples(run_id: str, step: int | None = None) -> Any:
-        run = found(records.open_run, run_id)
-        steps = [row["step"] for row in run.metrics() if "step" in row]
-        chosen = step if step is not None else (steps[-1] if steps else None)
-        rows = run.samples(chosen) if chosen is not None else []
-        return _json({"step": chosen, "steps": steps, "samples": rows})
+        return _json(found(records.run_samples, run_id, step))
 
     @app.get("/api/runs/{run_id}/log", response_class=PlainTextResponse)
     def log(run_id: str, lines: int = Query(200, ge=1, le=5000)) -> PlainTextResponse:
@@ -71,15 +71,15 @@ def create_app(home: Path | None = None) -> FastAPI:
 
     @app.get("/api/evals")
     def evals() -> Any:
-        return _json(records.list_evals(where()))
+        return _json(list_evals(where()))
 
     @app.get("/api/evals/{eval_id}")
     def eval_result(eval_id: str) -> Any:
-        return _json(found(records.read_eval, eval_id))
+        return _json(found(read_eval, eval_id))
 
     @app.get("/api/endpoints")
     def endpoints() -> Any:
-        return _json(records.list_endpoints(where()))
+        return _json(list_endpoints(where()))
 
     return app
 

@@ -1,29 +1,114 @@
-"""Starting runs: a new run directory, then training in a child process or in this one."""
+"""Training runs as processes: create a run directory, start its worker (or train in this
+process), and TrainingRun, the handle that waits on a run, stops and resumes it.
+
+The run's files belong to the store (``palaestra.runs``); this module adds the control, and
+starts and stops the worker with the process helper endpoints use too.
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from palaestra.atomic import write_json_atomic
-from palaestra.runs.directory import RunDirectory, process_start_time
-from palaestra.runs.handles import TrainingRun, TrainResult
-from palaestra.runs.registry import new_run_id, runs_root
+from palaestra.launch.process import process_record, spawn_module, stop_process
+from palaestra.runs.directory import FINAL_STATES, RunDirectory
+from palaestra.runs.handles import RunView, TrainResult, result_of
+from palaestra.runs.logs import new_lines
+from palaestra.runs.registry import list_run_ids, new_run_id, runs_root
 
 if TYPE_CHECKING:
     from palaestra.train.config import TrainConfig
+
+WORKER = "palaestra.launch.worker"
+
+
+class TrainingRun(RunView):
+    """A launched run, running or finished."""
+
+    def __init__(
+        self,
+        run: RunDirectory,
+        process: subprocess.Popen | None = None,
+        show_output: bool = False,
+        log_offset: int = 0,
+    ) -> None:
+        super().__init__(run)
+        self._process = process
+        self._show_output = show_output
+        self._log_offset = log_offset
+
+    @classmethod
+    def list(cls, status: str | None = None, home: Path | None = None) -> list[TrainingRun]:
+        """Every run in the registry, newest first; ``status`` keeps only runs in that state."""
+        runs = [cls.from_id(run_id, home) for run_id in list_run_ids(home)]
+        return [run for run in runs if status is None or run.status == status]
+
+    def __repr__(self) -> str:
+        return f"TrainingRun({self.training_run_id!r}, status={self.status!r})"
+
+    def status_info(self) -> dict[str, Any]:
+        if self._process is not None:
+            self._process.poll()  # reap our own child so it reads as exited, not a zombie
+        return self._run.read_status()
+
+    def result(self, timeout: float | None = None) -> TrainResult:
+        """Wait for the run to end. Raises RunFailedError with the run's error if it failed,
+        RunStoppedError if it was stopped, TimeoutError if ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.status_info()
+            self._print_new_output()
+            if info["state"] in FINAL_STATES:
+                return result_of(self._run, info)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"run {self.training_run_id} still {info['state']} after {timeout} s"
+                )
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Ask the training process to stop (SIGTERM), wait for it, then force it (SIGKILL).
+        Completed checkpoints stay; the run's status becomes ``stopped``."""
+        info = self.status_info()
+        if info["state"] in FINAL_STATES:
+            return
+        stop_process(
+            info.get("pid"),
+            info.get("pid_start"),
+            timeout=timeout,
+            ended=lambda: self.status_info()["state"] in FINAL_STATES,
+            process=self._process,
+            poll_s=0.2,
+        )
+        # Killed, or gone before it could install its handler: record what the user asked for.
+        if self._run.file_state() not in FINAL_STATES:
+            self._run.update_status(state="stopped", finished_at=time.time())
+
+    def resume(self, show_output: bool = False) -> TrainingRun:
+        """Continue a failed or stopped run in place from its latest checkpoint, to the step
+        it was launched to reach. Any other state is a ValueError."""
+        return spawn_worker(self._run, resume=True, show_output=show_output)
+
+    def _print_new_output(self) -> None:
+        if self._show_output:
+            lines, self._log_offset = new_lines(self._run.log_path, self._log_offset)
+            if lines:
+                sys.stdout.write("".join(line + "\n" for line in lines))
+                sys.stdout.flush()
 
 
 def create_run(config: TrainConfig) -> RunDirectory:
     """Validate ``config`` here, where errors are easy to read, then write its run directory."""
     config.validate_here()
     # cloudpickle ships functions defined in a script's __main__ or a notebook cell by value;
-    # functions of importable modules go by name, found through the sys.path passed on below.
+    # functions of importable modules go by name, found through the caller's sys.path, which
+    # the worker gets as its PYTHONPATH.
     try:
         pickled = cloudpickle.dumps(config)
     except Exception as error:
@@ -51,22 +136,9 @@ def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = Fa
         expect=allowed, state="pending", pid=None, pid_start=None, error=None, traceback=None
     )
     log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
-    command = [sys.executable, "-m", "palaestra.runs.worker", str(run.path)]
-    if resume:
-        command.append("--resume")
-    # The caller's import path, so the child imports the same modules (a script's siblings).
-    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    with open(run.log_path, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # a Ctrl-C in the notebook does not kill training
-        )
-    run.update_status(pid=process.pid, pid_start=process_start_time(process.pid))
+    args = [str(run.path), *(["--resume"] if resume else [])]
+    process = spawn_module(WORKER, args, run.log_path)
+    run.update_status(**process_record(process))
     return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
 
 
@@ -75,7 +147,7 @@ def launch(config: TrainConfig, show_output: bool = False) -> TrainingRun:
 
 
 def train_here(config: TrainConfig) -> TrainResult:
-    from palaestra.runs.worker import execute
+    from palaestra.launch.worker import execute
 
     run = create_run(config)
     execute(run, config)

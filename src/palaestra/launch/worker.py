@@ -1,4 +1,4 @@
-"""The training process: ``python -m palaestra.runs.worker RUN_DIR [--resume]``.
+"""The training process: ``python -m palaestra.launch.worker RUN_DIR [--resume]``.
 
 It loads the pickled TrainConfig from the run directory, trains, and records how it ended in
 status.json: completed, failed (with the error) or stopped (SIGTERM).
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import cloudpickle
 
-from palaestra.runs.directory import RunDirectory, process_start_time
+from palaestra.runs.directory import RunDirectory
+from palaestra.runs.liveness import process_start_time
 
 
 class StopRequested(BaseException):
@@ -28,6 +29,7 @@ def _request_stop(signum, frame) -> None:
 
 def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     """Train ``run`` and record the outcome; never raises for a training error."""
+    from palaestra.backends.local import build_local
     from palaestra.train.loop import run_training
 
     run.update_status(
@@ -41,7 +43,7 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     try:
         if config is None:
             config = cloudpickle.loads((run.path / "config.pkl").read_bytes())
-        run_training(config, run, resume=resume)
+        run_training(config, run, build_local, resume=resume)
     except (StopRequested, KeyboardInterrupt):
         print("palaestra: stopped", flush=True)
         run.update_status(state="stopped", finished_at=time.time())

@@ -1,19 +1,20 @@
-"""Runs: the run directory, the registry that lists them, and handles to watch and control them."""
+"""The run store: run directories and the registry that lists them, read-only run handles,
+saved eval records, endpoint records, and the readers the CLI and dashboard show them with.
 
-from palaestra.runs.handles import (
-    Checkpoint,
-    RunFailedError,
-    RunStoppedError,
-    TrainingRun,
-    TrainResult,
-)
-from palaestra.runs.registry import list_run_ids
+Only files and the liveness of the processes they name: nothing here starts or stops a process
+(that is ``palaestra.launch``) or loads torch, so any process can read the store.
+"""
+
+from palaestra.runs.directory import RunDirectory
+from palaestra.runs.handles import RunFailedError, RunStoppedError, RunView, TrainResult
+from palaestra.runs.registry import list_run_ids, open_run
 
 __all__ = [
-    "Checkpoint",
+    "RunDirectory",
     "RunFailedError",
     "RunStoppedError",
-    "TrainingRun",
+    "RunView",
     "TrainResult",
     "list_run_ids",
+    "open_run",
 ]

@@ -7,10 +7,10 @@
       metrics.jsonl    one object per step
       samples.jsonl    every sample of every step
       train.log        the training process's stdout and stderr
-      checkpoints/step_000010/   HF-format weights + trainer_state.pt
+      checkpoints/step_000010/   a checkpoint folder (its format: palaestra.checkpoints)
 
-A checkpoint directory appears under its final name only once complete (written under a
-hidden temporary name, flushed, then renamed), so a listed checkpoint is never half written.
+The training process writes these files, the store reads them; every reader tolerates a file
+being replaced or appended to while it reads.
 """
 
 from __future__ import annotations
@@ -18,17 +18,27 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from palaestra.atomic import write_bytes_atomic, write_json_atomic
+from palaestra.checkpoints import list_checkpoints
+from palaestra.runs.liveness import pid_alive
 
 STATES = ("pending", "running", "completed", "failed", "stopped")
 FINAL_STATES = ("completed", "failed", "stopped")
-CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file another process may be replacing: None when it is missing, not yet
+    complete, or not an object (removed or being replaced between listing and reading)."""
+    try:
+        value = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -44,38 +54,24 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name, or None where there is no /proc."""
+def last_jsonl_row(path: Path, chunk: int = 65536) -> dict[str, Any] | None:
+    """The last complete JSON line of ``path``, reading only the file's tail."""
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except OSError:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - chunk))
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
         return None
-
-
-def process_start_time(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot: tells a process from a later one that
-    reuses its pid."""
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields else None
-
-
-def pid_alive(pid: int | None, start_time: int | None = None) -> bool:
-    """Whether ``pid`` runs and, given ``start_time``, is still the process that had it."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _proc_stat(pid)
-    if fields is None:
-        return True
-    if fields[0] == "Z":  # exited, not yet reaped by its parent
-        return False
-    return start_time is None or int(fields[19]) == start_time
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line still being written, or the cut-off start of the chunk
+        if isinstance(row, dict):
+            return row
+    return None
 
 
 @dataclass(frozen=True)
@@ -160,12 +156,14 @@ class RunDirectory:
     # checkpoints ------------------------------------------------------------------------------
 
     def checkpoint_paths(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints as ``(step, path)``, sorted by step."""
-        if not self.checkpoints_dir.is_dir():
-            return []
-        found = []
-        for child in self.checkpoints_dir.iterdir():
-            match = CHECKPOINT_NAME.match(child.name)
-            if match and child.is_dir() and (child / "trainer_state.pt").is_file():
-                found.append((int(match.group(1)), child))
-        return sorted(found)
+        """Complete checkpoints as ``(step, path)``, sorted by step (checkpoints.py decides
+        what counts as complete)."""
+        return list_checkpoints(self.checkpoints_dir)
+
+    def config(self) -> dict[str, Any]:
+        """The resolved TrainConfig as written at launch; empty before it exists."""
+        return read_json(self.path / "config.json") or {}
+
+    def file_state(self) -> str | None:
+        """The state the run wrote itself, without ``read_status``'s dead-process inference."""
+        return (read_json(self.path / "status.json") or {}).get("state")

@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 
 from palaestra.home import palaestra_home
+from palaestra.runs.directory import RunDirectory
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+"""A run, eval or endpoint id: a file name inside its folder, never a path out of it."""
 
 
 def runs_root(home: Path | None = None) -> Path:
@@ -36,3 +40,10 @@ def list_run_ids(home: Path | None = None) -> list[str]:
     runs = [p for p in root.iterdir() if (p / "config.json").is_file()]
     runs.sort(key=lambda p: (p / "config.json").stat().st_mtime, reverse=True)
     return [p.name for p in runs]
+
+
+def open_run(run_id: str, home: Path | None = None) -> RunDirectory:
+    """The run directory of ``run_id``; KeyError naming the run when there is none."""
+    if not SAFE_NAME.match(run_id):
+        raise KeyError(f"{run_id!r} is not a run id")
+    return RunDirectory(run_directory(run_id, home))

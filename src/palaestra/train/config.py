@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from palaestra.checkpoints import Checkpoint, check_model_folder, checkpoint_path
 from palaestra.data import DatasetConfig
 from palaestra.models import ModelConfig
 from palaestra.recipes import Recipe, check_runnable_here
-from palaestra.runs.handles import Checkpoint
 
 if TYPE_CHECKING:
-    from palaestra.runs.handles import TrainingRun, TrainResult
+    from palaestra.launch.training import TrainingRun
+    from palaestra.runs.handles import TrainResult
 
 
 class TrainConfig(BaseModel):
@@ -49,11 +50,7 @@ class TrainConfig(BaseModel):
         return self
 
     def checkpoint_path(self) -> Path | None:
-        if self.checkpoint is None:
-            return None
-        if isinstance(self.checkpoint, Checkpoint):
-            return self.checkpoint.path
-        return Path(self.checkpoint).expanduser()
+        return None if self.checkpoint is None else checkpoint_path(self.checkpoint)
 
     def validate_here(self) -> None:
         """Everything that can fail before training, checked in the caller's process: the
@@ -64,12 +61,8 @@ class TrainConfig(BaseModel):
                 dataset.check_columns(dataset.load())
         self.model.gguf_path()
         path = self.checkpoint_path()
-        if path is not None and not any(
-            (path / name).is_file() for name in ("config.json", "adapter_config.json")
-        ):
-            raise FileNotFoundError(
-                f"checkpoint {path} is neither an HF-format model directory nor LoRA adapters"
-            )
+        if path is not None:
+            check_model_folder(path)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The resolved config, as written to the run's ``config.json``."""
@@ -88,12 +81,12 @@ class TrainConfig(BaseModel):
 
         With ``show_output`` the run's step lines are printed while ``result()`` waits.
         """
-        from palaestra.runs.launch import launch
+        from palaestra.launch.training import launch
 
         return launch(self, show_output=show_output)
 
     def train(self) -> TrainResult:
         """Train in this process and return when done; raises if the run fails."""
-        from palaestra.runs.launch import train_here
+        from palaestra.launch.training import train_here
 
         return train_here(self)

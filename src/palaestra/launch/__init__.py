@@ -1,0 +1,6 @@
+"""Launching: starting and stopping the processes palaestra runs in the background.
+
+``process`` is the one helper that spawns and stops them (training runs and endpoint servers
+alike); ``training`` creates runs, starts their worker and holds TrainingRun, the handle that
+waits on, stops and resumes a run; ``worker`` is the training process itself.
+"""

@@ -1,0 +1,92 @@
+"""Starting and stopping the processes palaestra runs in the background: training runs and
+endpoint servers alike.
+
+A process is ``python -m MODULE ARGS``, detached in its own session (a Ctrl-C in the notebook
+or terminal that started it does not reach it), with stdout and stderr appended to a log file
+and the caller's import path, so it imports the same modules the caller did (a script's
+sibling files, a notebook's folder). Stopping asks first (SIGTERM), then forces (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from palaestra.runs.liveness import pid_alive, process_start_time
+
+
+def spawn_module(
+    module: str, args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start ``python -m module *args`` detached, its output appended to ``log``. ``env``
+    adds to this process's environment (a secret goes here, never on the command line, where
+    ``ps`` shows it)."""
+    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+        )
+
+
+def process_record(process: subprocess.Popen) -> dict[str, int | None]:
+    """``pid`` and ``pid_start``: what a status or endpoint record stores to find the process
+    again (and to tell it from a later process that reuses its pid)."""
+    return {"pid": process.pid, "pid_start": process_start_time(process.pid)}
+
+
+def stop_process(
+    pid: int | None,
+    start_time: int | None = None,
+    *,
+    timeout: float = 30.0,
+    group: bool = False,
+    ended: Callable[[], bool] | None = None,
+    process: subprocess.Popen | None = None,
+    poll_s: float = 0.1,
+) -> bool:
+    """Ask ``pid`` to stop (SIGTERM to it, or with ``group`` to its whole process group), wait
+    up to ``timeout`` seconds for ``ended()`` (default: the process is gone), then SIGKILL it if
+    it still runs. ``process``, our own child, is reaped. Returns whether it had to be killed.
+
+    ``start_time`` guards against signalling a later process that reuses a dead one's pid."""
+    if not pid_alive(pid, start_time):
+        _reap(process)
+        return False
+    ended = ended or (lambda: not pid_alive(pid, start_time))
+    _signal(pid, signal.SIGTERM, group)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not ended():
+        time.sleep(poll_s)
+    killed = not ended() and pid_alive(pid, start_time)
+    if killed:
+        _signal(pid, signal.SIGKILL, group)
+    if killed or not pid_alive(pid, start_time):
+        _reap(process)  # gone, so this returns at once; one that ended() but still exits is left
+    return killed
+
+
+def _signal(pid: int, signum: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # it exited between the liveness check and the signal
+
+
+def _reap(process: subprocess.Popen | None) -> None:
+    if process is not None:
+        process.wait()
