@@ -2,9 +2,12 @@
 
 Each entry is a ModelConfig subclass with its defaults filled in, so ``Qwen3_4B()`` is a
 complete config and ``Qwen3_4B(source="/models/qwen3-4b")`` points the same model at a local copy.
+``find_catalogue_model`` looks an entry up by name, for a TOML file or ``palaestra serve``.
 """
 
 from __future__ import annotations
+
+import sys
 
 from palaestra.models.config import ModelConfig
 
@@ -68,3 +71,21 @@ class Qwen3_5_4B(ModelConfig):
 class Qwen3_5_9B(ModelConfig):
     name: str = "Qwen3.5-9B"
     source: str = "Qwen/Qwen3.5-9B"
+
+
+def catalogue_models() -> dict[str, type[ModelConfig]]:
+    """The catalogue's entries by class name (``SmolLM2_135M``)."""
+    return {
+        name: value
+        for name, value in vars(sys.modules[__name__]).items()
+        if isinstance(value, type) and issubclass(value, ModelConfig) and value is not ModelConfig
+    }
+
+
+def find_catalogue_model(name: str) -> type[ModelConfig]:
+    """A catalogue entry by class name or model name, ignoring case."""
+    for class_name, cls in catalogue_models().items():
+        if name.lower() in (class_name.lower(), cls.model_fields["name"].default.lower()):
+            return cls
+    known = ", ".join(cls.model_fields["name"].default for cls in catalogue_models().values())
+    raise KeyError(f"no model {name!r} in the catalogue (known: {known}); give a path instead")

@@ -1,30 +1,24 @@
 """Endpoint: a model (or a checkpoint of it) served over HTTP in its own process.
 
-Every endpoint is recorded under ``<home>/endpoints``, so any process can find it by name:
-
-    <name>.json   name, url, host, port, pid, pid_start, model, checkpoint, run_id, step,
-                  started_at, log, authenticated (written by the launcher, url by the server)
-    <name>.key    the API key, readable by the owner only (authenticated endpoints)
-    <name>.log    the server's output
+Every endpoint is recorded under ``<home>/endpoints`` (its files: ``palaestra.runs.endpoints``),
+so any process can find it by name. Its server process is started and stopped with the same
+helper that runs training (``palaestra.launch.process``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import secrets
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from palaestra.atomic import write_bytes_atomic, write_json_atomic
-from palaestra.home import palaestra_home
+from palaestra.checkpoints import Checkpoint, check_model_folder
+from palaestra.launch.process import process_record, spawn_module, stop_process
 from palaestra.models.config import ModelConfig
-from palaestra.runs.directory import pid_alive, process_start_time
+from palaestra.runs.endpoints import endpoint_files, new_record, read_records
+from palaestra.runs.liveness import pid_alive
+from palaestra.runs.logs import last_lines
 
 
 class EndpointError(RuntimeError):
@@ -33,12 +27,6 @@ class EndpointError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-def endpoints_root(home: Path | None = None) -> Path:
-    root = (home or palaestra_home()) / "endpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 def default_name(model: ModelConfig, checkpoint: Any = None) -> str:
@@ -50,34 +38,6 @@ def default_name(model: ModelConfig, checkpoint: Any = None) -> str:
             f"step{checkpoint.step}",
         ]
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-")
-
-
-def endpoint_record(
-    name: str,
-    model: ModelConfig,
-    checkpoint: Any,
-    host: str,
-    port: int | None,
-    authenticated: bool,
-    log: Path | None,
-) -> dict[str, Any]:
-    """What ``<name>.json`` holds before the server has bound its port (``url`` and ``pid``
-    come later)."""
-    return {
-        "name": name,
-        "url": None,
-        "host": host,
-        "port": port,
-        "pid": None,
-        "pid_start": None,
-        "model": model.name,
-        "checkpoint": str(checkpoint.path) if checkpoint is not None else None,
-        "run_id": checkpoint.run_id if checkpoint is not None else None,
-        "step": checkpoint.step if checkpoint is not None else None,
-        "started_at": time.time(),
-        "log": str(log) if log is not None else None,
-        "authenticated": authenticated,
-    }
 
 
 class Endpoint:
@@ -112,16 +72,10 @@ class Endpoint:
         An endpoint already serving ``name`` is reused, or with ``recreate_if_existing``
         stopped and replaced.
         """
-        from palaestra.runs.handles import Checkpoint
-
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
-        if checkpoint is not None and not any(
-            (Path(checkpoint.path) / f).is_file() for f in ("config.json", "adapter_config.json")
-        ):
-            raise FileNotFoundError(
-                f"checkpoint {checkpoint.path} has neither config.json nor adapter_config.json"
-            )
+        if checkpoint is not None:
+            check_model_folder(checkpoint.path)
         name = name or default_name(model, checkpoint)
         existing = cls._find(name)
         if existing is not None:
@@ -129,44 +83,24 @@ class Endpoint:
                 return existing
             existing.stop()
 
-        root = endpoints_root()
-        record, log = root / f"{name}.json", root / f"{name}.log"
-        key_file = root / f"{name}.key"
-        key_file.unlink(missing_ok=True)
+        files = endpoint_files(name)
         api_key = None if unauthenticated else f"pal-{secrets.token_urlsafe(24)}"
-        if api_key is not None:
-            write_bytes_atomic(key_file, api_key.encode())
-            key_file.chmod(0o600)
-        info = endpoint_record(name, model, checkpoint, host, port, api_key is not None, log)
-        write_json_atomic(record, info)
-        # Not *.json: the folder's *.json files are endpoint records.
-        spec = root / f"{name}.spec"
-        write_json_atomic(
-            spec,
+        files.write_key(api_key)
+        info = new_record(name, model.name, checkpoint, host, port, api_key is not None, files.log)
+        files.write(info)
+        files.write_spec(
             {
-                "name": name,
                 "model": model.model_dump(),
                 "checkpoint": info["checkpoint"],
                 "host": host,
                 "port": port,
-                "record": str(record),
-            },
+            }
         )
-        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-        if api_key is not None:
-            env["PALAESTRA_API_KEY"] = api_key  # not on the command line, where ps shows it
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "palaestra.serve.server", str(spec)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        info = {**info, "pid": process.pid, "pid_start": process_start_time(process.pid)}
-        write_json_atomic(record, {**json.loads(record.read_text()), **info})
+        # The key travels in the environment, not on the command line, where ps shows it.
+        env = {"PALAESTRA_API_KEY": api_key} if api_key is not None else {}
+        process = spawn_module("palaestra.serve.server", [str(files.spec)], files.log, env)
+        info = {**info, **process_record(process)}
+        files.update(**process_record(process))  # the server may have added its url already
         endpoint = cls(info, api_key, process)
         deadline = time.monotonic() + bind_timeout
         while endpoint._reload().get("url") is None:
@@ -189,22 +123,15 @@ class Endpoint:
     @classmethod
     def list(cls) -> list[Endpoint]:
         """Every running endpoint, newest first."""
-        found = [cls._find(p.stem) for p in endpoints_root().glob("*.json")]
-        endpoints = [e for e in found if e is not None]
-        return sorted(endpoints, key=lambda e: e.info.get("started_at", 0), reverse=True)
+        return [cls(record, endpoint_files(record["name"]).read_key()) for record in read_records()]
 
     @classmethod
     def _find(cls, name: str) -> Endpoint | None:
-        record = endpoints_root() / f"{name}.json"
-        try:
-            info = json.loads(record.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        files = endpoint_files(name)
+        info = files.read()
+        if info is None or not pid_alive(info.get("pid"), info.get("pid_start")):
             return None
-        if not pid_alive(info.get("pid"), info.get("pid_start")):
-            return None
-        key_file = record.with_suffix(".key")
-        api_key = key_file.read_text().strip() if key_file.is_file() else None
-        return cls(info, api_key)
+        return cls(info, files.read_key())
 
     # -- state ----------------------------------------------------------------------------
 
@@ -219,19 +146,13 @@ class Endpoint:
         return pid_alive(self.info.get("pid"), self.info.get("pid_start"))
 
     def _reload(self) -> dict[str, Any]:
-        record = endpoints_root() / f"{self.name}.json"
-        try:
-            self.info = {**self.info, **json.loads(record.read_text())}
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
+        self.info = {**self.info, **(endpoint_files(self.name).read() or {})}
         return self.info
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = Path(self.info["log"]).read_text(errors="replace")
-        except (FileNotFoundError, KeyError, TypeError):
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        """The server's last ``lines`` lines of output ("" for a foreground server)."""
+        log = self.info.get("log")
+        return "\n".join(last_lines(log, lines)[0]) if log else ""
 
     def _raise_if_dead(self, what: str) -> None:
         if not self.is_running:
@@ -305,28 +226,18 @@ class Endpoint:
 
     def stop(self, timeout: float = 30.0) -> None:
         """End the server (SIGTERM, then SIGKILL after ``timeout``) and forget it."""
-        pid, start = self.info.get("pid"), self.info.get("pid_start")
-        if pid_alive(pid, start):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.is_running:
-                time.sleep(0.1)
-            if self.is_running:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if self._process is not None:
-            self._process.wait()
+        stop_process(
+            self.info.get("pid"),
+            self.info.get("pid_start"),
+            timeout=timeout,
+            group=True,  # the server's own children (a vLLM engine) go with it
+            ended=lambda: not self.is_running,
+            process=self._process,
+        )
         if self._client is not None:
             self._client.close()
             self._client = None
-        root = endpoints_root()
-        for suffix in (".json", ".key", ".spec"):
-            (root / f"{self.name}{suffix}").unlink(missing_ok=True)
+        endpoint_files(self.name).remove()
 
     def __repr__(self) -> str:
         return f"Endpoint({self.name!r}, url={self.info.get('url')!r})"

@@ -8,7 +8,6 @@ model loads, so the address is known (and written to the endpoint's registry fil
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,8 +16,15 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
+from palaestra.checkpoints import (
+    Checkpoint,
+    adapter_base,
+    is_adapter_checkpoint,
+    is_model_folder,
+    read_info,
+)
+from palaestra.models.catalogue import find_catalogue_model
 from palaestra.models.config import ModelConfig
 from palaestra.serve.app import ServedModel, State, create_app
 from palaestra.serve.batcher import Batcher
@@ -30,7 +36,6 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
 
     from palaestra.models.loading import compute_dtype, load_causal_lm, load_tokenizer
     from palaestra.rollout import TorchEngine
-    from palaestra.train.lora import adapter_base, is_adapter_checkpoint
 
     weights = checkpoint or model.weights_path()
     tokenizer = load_tokenizer(weights, model.chat_template, model.revision)
@@ -108,12 +113,9 @@ def resolve_target(target: str) -> tuple[ModelConfig, str | None]:
     a model folder or a hub id serves as it is; a catalogue name (``SmolLM2-135M-Instruct`` or
     ``SmolLM2_135M``) serves the catalogue's model.
     """
-    from palaestra.train.toml_config import find_catalogue_model
-
     path = Path(target).expanduser()
-    is_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
-    if (path / "palaestra.json").is_file() and is_model:
-        info = json.loads((path / "palaestra.json").read_text())
+    info = read_info(path) if path.is_dir() else {}
+    if info and is_model_folder(path):
         try:
             model = find_catalogue_model(str(info.get("model")))()
         except (KeyError, ValueError):
@@ -133,49 +135,43 @@ def serve_in_foreground(
     target: str, host: str, port: int, name: str | None = None, api_key: str | None = None
 ) -> None:
     """``palaestra serve``: serve ``target`` until Ctrl-C, listed among the endpoints."""
-    from palaestra.atomic import write_json_atomic
-    from palaestra.runs.directory import process_start_time
-    from palaestra.runs.handles import Checkpoint
-    from palaestra.serve.endpoint import default_name, endpoint_record, endpoints_root
+    from palaestra.runs.endpoints import endpoint_files, new_record
+    from palaestra.runs.liveness import process_start_time
+    from palaestra.serve.endpoint import default_name
 
     model, checkpoint_path = resolve_target(target)
     checkpoint = Checkpoint.from_path(checkpoint_path) if checkpoint_path else None
     name = name or default_name(model, checkpoint)
-    record = endpoints_root() / f"{name}.json"
-    info = endpoint_record(name, model, checkpoint, host, port, api_key is not None, None)
+    files = endpoint_files(name)
+    info = new_record(name, model.name, checkpoint, host, port, api_key is not None, None)
 
     def on_bound(url: str) -> None:
         pid = os.getpid()
-        write_json_atomic(
-            record,
+        files.write(
             {
                 **info,
                 "url": url,
                 "port": int(url.rsplit(":", 1)[1]),
                 "pid": pid,
                 "pid_start": process_start_time(pid),
-            },
+            }
         )
 
     try:
         serve(name, model, checkpoint_path, host, port, api_key, on_bound)
     finally:
-        record.unlink(missing_ok=True)
+        files.record.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the endpoint process: ``python -m palaestra.serve.server SPEC.json``."""
-    from palaestra.atomic import write_json_atomic
+    """Entry point of the endpoint process: ``python -m palaestra.serve.server SPEC``."""
+    from palaestra.runs.endpoints import read_spec
 
     args = sys.argv[1:] if argv is None else argv
-    spec_path = Path(args[0])
-    spec: dict[str, Any] = json.loads(spec_path.read_text())
-    record = Path(spec["record"])
+    files, spec = read_spec(args[0])
 
     def on_bound(url: str) -> None:
-        info = json.loads(record.read_text()) if record.is_file() else {}
-        port = int(url.rsplit(":", 1)[1])
-        write_json_atomic(record, {**info, "url": url, "port": port})
+        files.update(url=url, port=int(url.rsplit(":", 1)[1]))
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     serve(

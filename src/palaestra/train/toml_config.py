@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from palaestra import recipes
 from palaestra.data import DatasetConfig, HuggingFaceDataset, LocalDataset, builtin_dataset
-from palaestra.models import ModelConfig, catalogue
+from palaestra.models import ModelConfig
+from palaestra.models.catalogue import find_catalogue_model
 from palaestra.train.config import TrainConfig
 
 
@@ -60,24 +61,6 @@ class TrainFile(BaseModel):
     """Checkpoint directory to start from."""
     name: str | None = None
     """Prefix of the run id."""
-
-
-def catalogue_models() -> dict[str, type[ModelConfig]]:
-    """The catalogue's entries by class name (``SmolLM2_135M``)."""
-    return {
-        name: value
-        for name, value in vars(catalogue).items()
-        if isinstance(value, type) and issubclass(value, ModelConfig) and value is not ModelConfig
-    }
-
-
-def find_catalogue_model(name: str) -> type[ModelConfig]:
-    """A catalogue entry by class name or model name, ignoring case."""
-    for class_name, cls in catalogue_models().items():
-        if name.lower() in (class_name.lower(), cls.model_fields["name"].default.lower()):
-            return cls
-    known = ", ".join(cls.model_fields["name"].default for cls in catalogue_models().values())
-    raise KeyError(f"no model {name!r} in the catalogue (known: {known}); give a path instead")
 
 
 def load_train_file(path: str | Path) -> TrainConfig:
