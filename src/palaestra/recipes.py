@@ -14,12 +14,27 @@ from pydantic.fields import FieldInfo
 
 
 class Recipe(BaseModel):
-    """How to train: rollout sizes, sampling, the algorithm, optimiser, LoRA, saving, reward."""
+    """How to train. The fields are flat (``Recipe(lr=1e-5, lora_rank=8)``); by concern:
+
+    - Rollout and reward: ``num_rollout``, ``rollout_batch_size``, ``n_samples_per_prompt``,
+      ``rollout_max_response_len``, ``rollout_temperature``, ``rollout_top_p``,
+      ``apply_chat_template_kwargs``, ``custom_rm_function``, ``reward_timeout_s``,
+      ``dynamic_sampling``, ``over_sampling_batch_size``, ``dynamic_sampling_max_rounds``.
+    - Algorithm: ``advantage_estimator``, ``scale_rewards``, ``loss_type``, ``eps_clip``,
+      ``eps_clip_high``, ``num_steps_per_rollout``, ``kl_loss_coef``, ``kl_loss_type``,
+      ``entropy_coef``, ``mask_truncated_responses``.
+    - Optimiser: ``lr``, ``weight_decay``, ``max_grad_norm``.
+    - LoRA: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``target_modules``.
+    - Saving and evaluation: ``save_interval``, ``eval_interval``.
+    - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``, ``seed``,
+      ``image_overlay``.
+    """
 
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, arbitrary_types_allowed=True
     )
 
+    # -- Rollout and reward: what each step samples and how it is scored.
     num_rollout: int = Field(10, ge=1)
     """Training steps this run takes (one rollout and one update each). A run continued from a
     checkpoint numbers its steps after the checkpoint's: 10 more steps from step 10 end at 20."""
@@ -33,30 +48,28 @@ class Recipe(BaseModel):
     """Sampling temperature. The trainer scores tokens under the same temperature."""
     rollout_top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling threshold; 1.0 samples from the full distribution."""
-    lr: float = Field(1e-6, gt=0)
-    """AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    """Gradient norm clip; None disables clipping."""
-    eps_clip: float = Field(0.2, gt=0)
-    """PPO clip range below 1: the importance ratio is kept above ``1 - eps_clip``."""
-    eps_clip_high: float | None = Field(None, gt=0)
-    """Clip range above 1 (DAPO's clip-higher); None uses ``eps_clip``."""
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Arithmetic of generation and of the forward and backward passes (default ``"auto"``:
-    bfloat16 where the hardware multiplies it natively, a CUDA GPU that supports it or a CPU
-    with AVX-512 BF16 or AMX, else float32). Weights, optimiser state and checkpoints stay
-    float32 either way: with bfloat16 the passes run under autocast (softmax and log-probs in
-    float32) and rollouts sample from a bfloat16 copy of the weights, about twice as fast as
-    float32 on such a CPU. Token log-probs then differ from float32's by a few hundredths of a
-    nat on average."""
-    train_micro_batch_size: int = Field(8, ge=1)
-    """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches.
-    Smaller uses less memory, larger runs faster. It never changes the loss, except with
-    ``loss_type="bnpo"``, whose normaliser is each micro-batch's own token count."""
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra variables for the chat template, as a dict or a JSON string
+    (``'{"enable_thinking": false}'``)."""
+    custom_rm_function: Callable[..., Any] | str | None = None
+    """The reward: ``async def rm(args, sample, **kwargs) -> float`` (a plain ``def`` works too),
+    or ``"module:function"``. ``args`` is this recipe; ``sample`` a ``palaestra.Sample``."""
+    reward_timeout_s: float | None = Field(300.0, gt=0)
+    """Seconds one reward call may take before the run fails naming the sample; None: no limit."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards all agree before the update (default False), DAPO's dynamic
+    sampling: they carry no advantage, only dilute the normaliser. Logged as
+    ``dropped_groups``."""
+    over_sampling_batch_size: int | None = Field(None, ge=1)
+    """With ``dynamic_sampling``: prompts drawn per sampling round; rounds repeat until
+    ``rollout_batch_size`` groups are kept (extras are dropped) or
+    ``dynamic_sampling_max_rounds`` is reached. None (default): one round of
+    ``rollout_batch_size`` prompts, and the step trains on the groups that remain."""
+    dynamic_sampling_max_rounds: int = Field(4, ge=1)
+    """Most sampling rounds per step with ``over_sampling_batch_size`` (default 4), so a
+    reward that rarely varies cannot stall a step forever."""
 
-    # The algorithm.
+    # -- Algorithm: how rewards become advantages, and the loss.
     advantage_estimator: Literal[
         "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo"
     ] = "grpo"
@@ -87,6 +100,10 @@ class Recipe(BaseModel):
       the assistant turns of its ``messages_column``), token mean of -logprob over answer
       tokens; no rollout, reward or advantage; ``rollout_batch_size`` rows per step.
     """
+    eps_clip: float = Field(0.2, gt=0)
+    """PPO clip range below 1: the importance ratio is kept above ``1 - eps_clip``."""
+    eps_clip_high: float | None = Field(None, gt=0)
+    """Clip range above 1 (DAPO's clip-higher); None uses ``eps_clip``."""
     num_steps_per_rollout: int = Field(1, ge=1)
     """Optimiser steps per rollout (default 1): the step's samples are split, in order, into
     this many mini-batches. Past the first, the policy differs from the sampler and the
@@ -105,20 +122,16 @@ class Recipe(BaseModel):
     mask_truncated_responses: bool = False
     """Leave responses cut at ``rollout_max_response_len`` out of the loss (default False),
     DAPO's overlong filtering. They still count in their group's baseline."""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards all agree before the update (default False), DAPO's dynamic
-    sampling: they carry no advantage, only dilute the normaliser. Logged as
-    ``dropped_groups``."""
-    over_sampling_batch_size: int | None = Field(None, ge=1)
-    """With ``dynamic_sampling``: prompts drawn per sampling round; rounds repeat until
-    ``rollout_batch_size`` groups are kept (extras are dropped) or
-    ``dynamic_sampling_max_rounds`` is reached. None (default): one round of
-    ``rollout_batch_size`` prompts, and the step trains on the groups that remain."""
-    dynamic_sampling_max_rounds: int = Field(4, ge=1)
-    """Most sampling rounds per step with ``over_sampling_batch_size`` (default 4), so a
-    reward that rarely varies cannot stall a step forever."""
 
-    # LoRA.
+    # -- Optimiser.
+    lr: float = Field(1e-6, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Gradient norm clip; None disables clipping."""
+
+    # -- LoRA.
     lora_rank: int = Field(0, ge=0)
     """LoRA rank (default 0: full fine-tuning). Above 0, only low-rank adapters train (via
     ``peft``) and checkpoints hold the adapters; ``palaestra.train.lora.export_merged`` writes
@@ -130,19 +143,27 @@ class Recipe(BaseModel):
     target_modules: list[str] | str = "all-linear"
     """Modules that get adapters (default ``"all-linear"``: every linear layer but the output
     head), or a list of module names such as ``["q_proj", "v_proj"]``."""
+
+    # -- Saving and evaluation.
     save_interval: int | None = Field(None, ge=1)
     """Save a checkpoint every this many steps; the last step is always saved."""
     eval_interval: int | None = Field(None, ge=1)
     """Score ``TrainConfig.eval_dataset`` (one sample per row, fixed seed) every this many
     steps, logged as ``eval_reward_mean``; None: never."""
-    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra variables for the chat template, as a dict or a JSON string
-    (``'{"enable_thinking": false}'``)."""
-    custom_rm_function: Callable[..., Any] | str | None = None
-    """The reward: ``async def rm(args, sample, **kwargs) -> float`` (a plain ``def`` works too),
-    or ``"module:function"``. ``args`` is this recipe; ``sample`` a ``palaestra.Sample``."""
-    reward_timeout_s: float | None = Field(300.0, gt=0)
-    """Seconds one reward call may take before the run fails naming the sample; None: no limit."""
+
+    # -- Infra: arithmetic, memory, devices, seed.
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Arithmetic of generation and of the forward and backward passes (default ``"auto"``:
+    bfloat16 where the hardware multiplies it natively, a CUDA GPU that supports it or a CPU
+    with AVX-512 BF16 or AMX, else float32). Weights, optimiser state and checkpoints stay
+    float32 either way: with bfloat16 the passes run under autocast (softmax and log-probs in
+    float32) and rollouts sample from a bfloat16 copy of the weights, about twice as fast as
+    float32 on such a CPU. Token log-probs then differ from float32's by a few hundredths of a
+    nat on average."""
+    train_micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches.
+    Smaller uses less memory, larger runs faster. It never changes the loss, except with
+    ``loss_type="bnpo"``, whose normaliser is each micro-batch's own token count."""
     rollout_num_gpus: int = Field(0, ge=0)
     """GPUs for generation and training; 0 runs on the CPU. More than the machine has is an
     error."""
