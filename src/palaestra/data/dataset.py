@@ -2,33 +2,33 @@
 
 A pydantic model, like every user-facing config, that users subclass with plain class attributes
 (``class HaikuDataset(HuggingFaceDataset): input_column = "keywords"``, no annotation). Its
-metaclass gives such an attribute the base field's annotation before pydantic builds the class,
+metaclass (fields.py) gives such an attribute the base field before pydantic builds the class,
 and refuses any other public name, so a misspelt knob is an error naming it and suggesting the
 field, never a silent default. Values are checked strictly, at construction (class-level values
 too) and on assignment, and the errors are a TypeError or DatasetError naming the field.
 
 Rows come from the hub (``datasets.load_dataset``, imported lazily) or from local files (see
 splits.py): one data file, whose single split is ``train``, or a folder of per-split files.
-Prepared prompts can be cached as a file named by a hash of everything that shapes them.
+Prepared prompts can be cached as a file (prepared.py) named by a hash of everything that
+shapes them.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib.resources
 import json
 import os
 import re
 import string
-import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
-from pydantic.fields import FieldInfo
 
 from palaestra.atomic import write_bytes_atomic
+from palaestra.data.fields import ConfigMeta, config_error, suggest
+from palaestra.data.prepared import OUTPUT_FORMATS, encode_prompts, read_prompts
 from palaestra.data.splits import (
     DATA_SUFFIXES,
     DatasetError,
@@ -39,58 +39,10 @@ from palaestra.data.splits import (
 )
 from palaestra.types import Prompt
 
-OUTPUT_FORMATS = ("jsonl", "parquet")
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
 
-_building = threading.local()
 
-
-class _ConfigMeta(type(BaseModel)):
-    """Lets a subclass set a field by plain assignment, and refuses any other public name."""
-
-    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
-        _annotate_overrides(name, bases, namespace)
-        # While pydantic builds the class, fields must not look like class attributes (see
-        # __getattr__), or pydantic would take inherited defaults for new assignments.
-        depth = getattr(_building, "depth", 0)
-        _building.depth = depth + 1
-        try:
-            return super().__new__(mcs, name, bases, namespace, **kwargs)
-        finally:
-            _building.depth = depth
-
-    def __getattr__(cls, name: str) -> Any:
-        # pydantic keeps field defaults off the class; the tutorial reads them there
-        # (``HaikuDataset.output_column``), so a finished class serves them.
-        fields = cls.__dict__.get("__pydantic_fields__") or {}
-        if name in fields and not getattr(_building, "depth", 0):
-            field = fields[name]
-            if field.default_factory is None:
-                return field.default
-        return super().__getattr__(name)
-
-
-def _annotate_overrides(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> None:
-    """Give each plain assignment of a base field that field, with its doc and checks, and the
-    new default; TypeError for a public name that is no field."""
-    fields: dict[str, FieldInfo] = {}
-    for base in reversed(bases):
-        fields.update(getattr(base, "__pydantic_fields__", None) or {})
-    annotations = namespace.setdefault("__annotations__", {})
-    for attr, value in list(namespace.items()):
-        if attr.startswith("_") or attr == "model_config" or attr in annotations:
-            continue
-        if callable(value) or hasattr(value, "__get__"):  # methods, properties, validators
-            continue
-        if attr not in fields:
-            raise TypeError(
-                f"{name}.{attr} is not a field of {bases[0].__name__}{_suggest(attr, fields)}"
-            )
-        annotations[attr] = fields[attr].annotation
-        namespace[attr] = FieldInfo.merge_field_infos(fields[attr], default=value)
-
-
-class DatasetConfig(BaseModel, metaclass=_ConfigMeta):
+class DatasetConfig(BaseModel, metaclass=ConfigMeta):
     """A dataset of prompts: its source, its split, and how a row is turned into chat messages."""
 
     model_config = ConfigDict(
@@ -133,12 +85,12 @@ class DatasetConfig(BaseModel, metaclass=_ConfigMeta):
             if name not in fields:
                 raise TypeError(
                     f"{type(self).__name__}() got an unexpected keyword {name!r}"
-                    f"{_suggest(name, fields)}"
+                    f"{suggest(name, fields)}"
                 )
         try:
             super().__init__(**overrides)
         except ValidationError as err:
-            raise _config_error(type(self), err) from None
+            raise config_error(type(self), err) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
@@ -147,18 +99,18 @@ class DatasetConfig(BaseModel, metaclass=_ConfigMeta):
         fields = type(self).model_fields
         if name not in fields:
             raise AttributeError(
-                f"{type(self).__name__} has no field {name!r}{_suggest(name, fields)}"
+                f"{type(self).__name__} has no field {name!r}{suggest(name, fields)}"
             )
         try:
             super().__setattr__(name, value)
         except ValidationError as err:
-            raise _config_error(type(self), err) from None
+            raise config_error(type(self), err) from None
         self._rows = None  # another field value may select other rows
 
     @field_validator("*", mode="before")
     @classmethod
     def _plain_path(cls, value: Any) -> Any:
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
+        return _plain(value)
 
     @field_validator("output_format")
     @classmethod
@@ -316,12 +268,12 @@ class DatasetConfig(BaseModel, metaclass=_ConfigMeta):
             name = f"prepared-{self._cache_key(template, kwargs)}.{self.output_format}"
             cached = Path(cache_dir) / name
             if not self.always_prepare and cached.is_file():
-                return _read_prompts(cached)
+                return read_prompts(cached)
         rows = self.load()
         self.check_columns(rows)
         prompts = [self._prompt(i, row, tokenizer, kwargs) for i, row in enumerate(rows)]
         if cached is not None:
-            write_bytes_atomic(cached, _encode_prompts(prompts, self.output_format))
+            write_bytes_atomic(cached, encode_prompts(prompts, self.output_format))
         return prompts
 
     def _prompt(self, i: int, row: dict[str, Any], tokenizer: Any, kwargs: dict) -> Prompt:
@@ -415,29 +367,6 @@ def builtin_dataset(name: str) -> Path:
     return root / name
 
 
-def _suggest(name: str, fields: dict[str, Any]) -> str:
-    close = difflib.get_close_matches(name, fields, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} Known fields: {', '.join(fields)}"
-
-
-def _config_error(cls: type[DatasetConfig], err: ValidationError) -> Exception:
-    """The first problem pydantic found, as the error this config has always raised."""
-    first = err.errors()[0]
-    cause = (first.get("ctx") or {}).get("error")
-    if isinstance(cause, DatasetError):  # raised by a validator above, message and all
-        return cause
-    name = str(first["loc"][0]) if first["loc"] else "?"
-    field = cls.model_fields.get(name)
-    if first["type"].endswith("_type") and field is not None:
-        hint = field.annotation
-        return TypeError(
-            f"{cls.__name__}.{name} must be {getattr(hint, '__name__', hint)}, "
-            f"got {first['input']!r}"
-        )
-    return DatasetError(f"{cls.__name__}.{name}: {first['msg']}")
-
-
 def _plain(value: Any) -> Any:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
@@ -466,44 +395,3 @@ def _load_hub(repo: str, subset: str | None, split: str) -> list[dict[str, Any]]
     except ValueError as err:  # unknown split or config: say which dataset asked for it
         raise DatasetError(f"{repo} (subset {subset!r}) split {split!r}: {err}") from err
     return [dict(row) for row in rows]
-
-
-# The prepared file: one record per Prompt, the fields a dataset fills (token_ids come later).
-# Parquet stores the free-form ones as JSON text, since labels may change type from row to row.
-_JSON_FIELDS = ("messages", "label", "metadata")
-
-
-def _encode_prompts(prompts: list[Prompt], fmt: str) -> bytes:
-    records = [
-        {"index": p.index, "text": p.text, **{k: getattr(p, k) for k in _JSON_FIELDS}}
-        for p in prompts
-    ]
-    if fmt == "jsonl":
-        lines = (json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
-        return "".join(lines).encode("utf-8")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table(
-        {
-            "index": [r["index"] for r in records],
-            "text": [r["text"] for r in records],
-            **{
-                k: [json.dumps(r[k], ensure_ascii=False, default=str) for r in records]
-                for k in _JSON_FIELDS
-            },
-        }
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    return sink.getvalue().to_pybytes()
-
-
-def _read_prompts(path: Path) -> list[Prompt]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(path).to_pylist()
-        return [Prompt(**{**r, **{k: json.loads(r[k]) for k in _JSON_FIELDS}}) for r in rows]
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [Prompt(**json.loads(line)) for line in lines if line]
