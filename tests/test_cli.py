@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from palaestra.cli import follow_training, main
+from palaestra.config_file import TrainFileError, load_train_file
 from palaestra.launch.training import TrainingRun
 from palaestra.runs.progress import progress_line
 from palaestra.runs.registry import list_run_ids
-from palaestra.train.toml_config import TrainFileError, load_train_file
 from tiny_runs import tiny_config, write_topics
 
 SRC = Path(__file__).parents[1] / "src"

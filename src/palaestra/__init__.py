@@ -33,7 +33,7 @@ _EXPORTS = {
     "palaestra.launch.training": ["TrainingRun"],
     "palaestra.runs.handles": ["RunFailedError", "RunStoppedError", "TrainResult"],
     "palaestra.serve": ["Endpoint", "EndpointError"],
-    "palaestra.train.config": ["TrainConfig"],
+    "palaestra.config": ["TrainConfig"],
     "palaestra.types": ["Sample"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

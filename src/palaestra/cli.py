@@ -71,8 +71,8 @@ def table(rows: list[list[str]], header: list[str], shrink: tuple[int, ...] = ()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from palaestra.config_file import load_train_file
     from palaestra.rewards import RewardError
-    from palaestra.train.toml_config import load_train_file
 
     config = load_train_file(args.file)
     if args.name:

@@ -23,7 +23,7 @@ from palaestra.runs.logs import new_lines
 from palaestra.runs.registry import list_run_ids, new_run_id, runs_root
 
 if TYPE_CHECKING:
-    from palaestra.train.config import TrainConfig
+    from palaestra.config import TrainConfig
 
 WORKER = "palaestra.launch.worker"
 

@@ -21,13 +21,14 @@ from palaestra.checkpoints import (
 )
 from palaestra.recipes import Recipe
 from palaestra.runs.directory import RunDirectory
+from palaestra.runs.progress import step_line
 from palaestra.train import records
 from palaestra.train.seam import Backend
 from palaestra.train.state import Start, TrainerState, resolve_start
 from palaestra.types import Sample
 
 if TYPE_CHECKING:
-    from palaestra.train.config import TrainConfig
+    from palaestra.config import TrainConfig
 
 
 def run_training(
@@ -99,7 +100,7 @@ def train_one_step(config, run: RunDirectory, sampler, learner, state: TrainerSt
     metrics["save_s"] = time.monotonic() - save_started
     metrics["step_s"] = time.monotonic() - started
     records.append_step(run, rows, metrics)
-    print(records.step_line(metrics, state.last_step, saved and saved.name), flush=True)
+    print(step_line(metrics, state.last_step, saved), flush=True)
     return state
 
 

@@ -16,7 +16,7 @@ from palaestra.train.state import Start
 from palaestra.types import Rollout, Sample
 
 if TYPE_CHECKING:
-    from palaestra.train.config import TrainConfig
+    from palaestra.config import TrainConfig
 
 
 class Sampler(Protocol):

@@ -34,10 +34,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from palaestra import recipes
+from palaestra.config import TrainConfig
 from palaestra.data import DatasetConfig, HuggingFaceDataset, LocalDataset, builtin_dataset
 from palaestra.models import ModelConfig
 from palaestra.models.catalogue import find_catalogue_model
-from palaestra.train.config import TrainConfig
 
 
 class TrainFileError(ValueError):
