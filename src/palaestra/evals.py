@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -25,9 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from palaestra.atomic import write_json_atomic
 from palaestra.data import DatasetConfig
-from palaestra.home import palaestra_home
+from palaestra.runs.evals import save_eval
 
 
 @dataclass
@@ -174,16 +172,10 @@ class EvalConfig(BaseModel):
 
     def _save(self, result: EvalResult, deployment: Any, elapsed: float, concurrency: int) -> None:
         info = getattr(deployment, "info", {}) or {}
-        result.id = f"eval-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-        root = palaestra_home() / "evals"
-        root.mkdir(parents=True, exist_ok=True)
-        result.path = root / f"{result.id}.json"
         dataset = self.dataset
         where = f"{getattr(dataset, 'hf_repo', None)} [{getattr(dataset, 'hf_split', '')}]"
-        write_json_atomic(
-            result.path,
+        result.id, result.path = save_eval(
             {
-                "id": result.id,
                 "name": self.name,
                 "created_at": time.time(),
                 "dataset": where,
@@ -199,7 +191,7 @@ class EvalConfig(BaseModel):
                 "mean": result.mean,
                 "total": result.total,
                 "rows": result.rows,
-            },
+            }
         )
 
 

@@ -62,20 +62,3 @@ def restore_log(run: RunDirectory, state: TrainerState) -> None:
         run.truncate_after_step("samples.jsonl", step - 1)
         run.append_jsonl("samples.jsonl", state.log_samples)
         run.append_jsonl("metrics.jsonl", [state.log_metrics])
-
-
-def step_line(metrics: dict[str, Any], last_step: int, saved: str | None = None) -> str:
-    parts = [f"step {metrics['step']}/{last_step}"]
-    if "reward_mean" in metrics:
-        parts.append(f"reward {metrics['reward_mean']:+.2f} ± {metrics['reward_std']:.2f}")
-    parts.append(f"loss {metrics.get('loss', float('nan')):+.4f}")
-    if "response_length_mean" in metrics:
-        parts.append(f"len {metrics['response_length_mean']:.0f}")
-    else:
-        parts.append(f"tokens {metrics.get('response_tokens', 0):.0f}")
-    if "dropped_groups" in metrics:
-        parts.append(f"dropped {metrics['dropped_groups']}")
-    parts.append(f"{metrics['step_s']:.1f} s")
-    if saved:
-        parts.append(f"saved {saved}")
-    return "  ".join(parts)
