@@ -23,7 +23,12 @@ def test_lora_run_trains_and_checkpoints_adapters_only(home, tiny_model_dir, pro
     result = make_config(tiny_model_dir, prompts_file, num_rollout=2, **LORA).train()
     (checkpoint,) = result.checkpoints()
     files = {p.name for p in checkpoint.path.iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json"} <= files
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+    } <= files
     assert "model.safetensors" not in files
     adapters = load_file(checkpoint.path / "adapter_model.safetensors")
     # B matrices start at zero; training moved them. No base weight is in the file.

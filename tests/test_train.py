@@ -202,7 +202,7 @@ def test_kill_then_resume_finishes_with_every_step_once(home, tiny_model_dir, pr
 def test_crash_while_saving_keeps_earlier_checkpoints(
     home, tiny_model_dir, prompts_file, monkeypatch
 ):
-    import palaestra.train.checkpoint as checkpoint_module
+    import palaestra.train.learner as learner_module
 
     real_save = torch.save
     calls = {"n": 0}
@@ -213,7 +213,7 @@ def test_crash_while_saving_keeps_earlier_checkpoints(
             raise OSError("disk full")
         return real_save(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", save_that_breaks_the_second_time)
+    monkeypatch.setattr(learner_module.torch, "save", save_that_breaks_the_second_time)
     config = make_config(tiny_model_dir, prompts_file, num_rollout=3, save_interval=1)
     with pytest.raises(RunFailedError, match="disk full"):
         config.train()
