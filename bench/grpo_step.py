@@ -13,8 +13,13 @@ weights, fully fine-tuned; palaestra computes in its recipe's default precision 
 ``--precision`` (auto, float32, bfloat16) says otherwise, TRL in float32 (``bf16=False``).
 TRL runs with its gradient checkpointing off and a constant learning rate, as palaestra does
 (its defaults are on and linear decay). Prompts are "Write a haiku about {keywords}." from
-the built-in haiku train split, in file order, through the model's chat template; both sides
-take the same prompts at each step.
+the built-in haiku train split through the model's chat template; palaestra's loop takes them
+in its seeded shuffle and TRL, unshuffled, in that same order, so both sides take the same
+prompts at each step.
+
+palaestra's side is a real run: ``TrainConfig`` -> ``create_run`` -> ``train.loop.run_training``
+on the local backend, the code a user's run executes, with the sampler wrapped only to hold
+each step until the orchestrator says go.
 
 The script is its own orchestrator: it measures the machine's matmul peak (float32 and
 bfloat16), starts one worker process per framework (``--worker palaestra``, ``--worker trl``),
@@ -180,22 +185,93 @@ def step_report(
     }
 
 
+def bench_prompts(tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The run's prompts in file order (palaestra's dataset), and the same prompts in the order
+    palaestra's loop takes them from its seeded shuffle (what TRL gets, unshuffled), so both
+    sides train on the same prompts at each step."""
+    from palaestra.rollout.sampler import prompt_order
+
+    count = (args.warmup + args.steps) * args.prompts
+    prompts = step_prompts(tokenizer, count)
+    return prompts, [prompts[i] for i in prompt_order(count, args.seed, 0, count)]
+
+
+def haiku_reward(args, sample, **kwargs) -> float:
+    from palaestra.rewards.haiku import score_haiku
+
+    return score_haiku(sample.response)
+
+
+class Lockstep:
+    """The local backend's sampler, held before each step until the orchestrator says go; the
+    step before is reported then (its metrics row is written by that time), the last one when
+    the loop closes the sampler."""
+
+    def __init__(self, inner, channel: Channel, run) -> None:
+        self.inner, self.channel, self.run = inner, channel, run
+        self.pending = None
+
+    def sample(self, step: int, cursor: int):
+        self.flush()
+        if not self.channel.wait_for_step():
+            raise SystemExit(0)
+        self.pending = self.inner.sample(step, cursor)
+        return self.pending
+
+    def update_weights(self, weights, version: int) -> None:
+        self.inner.update_weights(weights, version)
+
+    def evaluate(self, step: int) -> dict:
+        return self.inner.evaluate(step)
+
+    def close(self) -> None:
+        self.flush()
+        self.inner.close()
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        samples, metrics = self.pending.samples_B, self.run.metrics()[-1]
+        prompt_lengths = {s.index: len(s.prompt_token_ids) for s in samples}
+        self.channel.send(
+            step_report(
+                # The step as the loop ran it, less the checkpoint the last step writes (TRL
+                # saves none).
+                metrics["step_s"] - metrics["save_s"],
+                metrics["rollout_s"],
+                metrics["reward_s"],
+                [(len(s.prompt_token_ids), len(s.response_token_ids)) for s in samples],
+                list(prompt_lengths.values()),
+                [s.reward for s in samples],
+                loss=metrics["loss"],
+                grad_norm=metrics["grad_norm"],
+            )
+        )
+        self.pending = None
+
+
 def palaestra_worker(args: argparse.Namespace, channel: Channel) -> None:
+    """A palaestra run, trained by the same loop and local backend as any user's run."""
     import torch
 
-    from palaestra.algo.advantages import compute_advantages
-    from palaestra.recipes import Recipe
-    from palaestra.rewards.haiku import score_haiku
-    from palaestra.rollout import TorchEngine
-    from palaestra.train import loop
-    from palaestra.train.batch import build_train_batch
-    from palaestra.train.learner import Learner
-    from palaestra.types import Prompt
+    import palaestra
+    from palaestra import LocalDataset, Recipe, TrainConfig
+    from palaestra.backends.local import build_local
+    from palaestra.launch.training import create_run
+    from palaestra.train.loop import run_training
 
     started = time.perf_counter()
-    weights, tokenizer, model = load(args)
-    model.config.use_cache = True
+    torch.set_num_threads(args.threads)
+    model = getattr(palaestra, args.model)()
+    weights = model.weights_path()
+    tokenizer = load_tokenizer_of(model)
+    prompts, _ = bench_prompts(tokenizer, args)
+    data = args.log_dir / "palaestra-prompts.jsonl"
+    rows = [{"topic": p["messages"][-1]["content"]} for p in prompts]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     knobs = dict(
+        num_rollout=args.warmup + args.steps,
+        save_interval=None,
         rollout_batch_size=args.prompts,
         n_samples_per_prompt=args.samples,
         rollout_max_response_len=args.max_tokens,
@@ -210,68 +286,42 @@ def palaestra_worker(args: argparse.Namespace, channel: Channel) -> None:
         kl_loss_coef=0.0,
         num_steps_per_rollout=1,
         seed=args.seed,
+        custom_rm_function=haiku_reward,
     )
-    if args.precision is not None:  # only when asked: older recipes have no such field
+    if args.precision is not None:
         knobs["precision"] = args.precision
-    recipe = Recipe(**knobs)
-    learner = Learner(model, recipe)
-    make_engine = getattr(loop, "make_engine", None)
-    engine = make_engine(model, tokenizer, recipe) if make_engine else TorchEngine(model, tokenizer)
-    # The precision each stage computes in: the engine's sampling copy and the learner's
-    # autocast, where this palaestra has them; else the weights' own.
-    rollout_dtype = getattr(engine, "dtype", None) or next(engine.model.parameters()).dtype
-    train_dtype = getattr(learner, "dtype", None) or next(model.parameters()).dtype
-    P, G = args.prompts, args.samples
-    prompts = [
-        Prompt(p["index"], p["messages"], p["text"], token_ids=p["token_ids"])
-        for p in step_prompts(tokenizer, (args.warmup + args.steps) * P)
-    ]
-    channel.send(
-        {
-            "ready": True,
-            "load_s": time.perf_counter() - started,
-            "weights": weights,
-            "engine": type(engine).__name__,
-            "make_engine": make_engine is not None,
-            "rollout_dtype": str(rollout_dtype).removeprefix("torch."),
-            "train_dtype": str(train_dtype).removeprefix("torch."),
-            "recipe": recipe.to_json_dict(),
-        }
+    config = TrainConfig(
+        model=model,
+        dataset=LocalDataset(path=str(data), input_column="topic"),
+        recipe=Recipe(**knobs),
+        name="bench-grpo-step",
     )
+    run = create_run(config)
 
-    step = 0
-    while channel.wait_for_step():
-        step_prompts_P = prompts[step * P : (step + 1) * P]
-        step += 1
-        t0 = time.perf_counter()
-        samples_B = loop.rollout(engine, step_prompts_P, G, recipe, step)
-        t1 = time.perf_counter()
-        for sample in samples_B:
-            sample.reward = score_haiku(sample.response)
-        t2 = time.perf_counter()
-        rewards_P_G = torch.tensor([s.reward for s in samples_B]).view(-1, G)
-        advantages_B = compute_advantages(
-            rewards_P_G, recipe.advantage_estimator, recipe.scale_rewards
-        ).view(-1)
-        batch = build_train_batch(
-            samples_B, advantages_B, engine.pad_id, recipe.mask_truncated_responses
-        )
-        metrics = learner.train_step(batch)
-        engine.sync_weights(model)
-        t3 = time.perf_counter()
+    def backend(config, start):
+        sampler, learner = build_local(config, start)
+        engine = sampler.engine
         channel.send(
-            step_report(
-                t3 - t0,
-                t1 - t0,
-                t2 - t1,
-                [(len(s.prompt_token_ids), len(s.response_token_ids)) for s in samples_B],
-                [len(p.token_ids) for p in step_prompts_P],
-                rewards_P_G.view(-1).tolist(),
-                batch_tokens=int(batch.attention_mask_B_T.sum()),
-                loss=metrics["loss"],
-                grad_norm=metrics["grad_norm"],
-            )
+            {
+                "ready": True,
+                "load_s": time.perf_counter() - started,
+                "weights": weights,
+                "engine": type(engine).__name__,
+                "run": str(run.path),
+                "rollout_dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
+                "train_dtype": str(learner.dtype).removeprefix("torch."),
+                "recipe": config.recipe.to_json_dict(),
+            }
         )
+        return Lockstep(sampler, channel, run), learner
+
+    run_training(config, run, backend)
+
+
+def load_tokenizer_of(model):
+    from palaestra.models.loading import load_tokenizer
+
+    return load_tokenizer(model.weights_path(), model.chat_template, model.revision)
 
 
 def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
@@ -286,10 +336,10 @@ def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
     weights, tokenizer, model = load(args)
     P, G = args.prompts, args.samples
     total = args.warmup + args.steps
-    prompts = step_prompts(tokenizer, total * P)
+    _, prompts = bench_prompts(tokenizer, args)
     prompt_tokens = {p["messages"][-1]["content"]: len(p["token_ids"]) for p in prompts}
-    # Unshuffled, TRL's sampler takes rows k*P .. k*P + P - 1 for optimiser step k: the same
-    # prompts palaestra takes.
+    # Unshuffled, TRL's sampler takes rows k*P .. k*P + P - 1 for optimiser step k: in
+    # palaestra's order, the same prompts palaestra's loop takes.
     dataset = datasets.Dataset.from_dict({"prompt": [p["messages"] for p in prompts]})
     current: dict = {}  # the step being measured
 

@@ -38,9 +38,10 @@ def main() -> None:
     from palaestra.models.loading import load_causal_lm, load_tokenizer
     from palaestra.recipes import Recipe
     from palaestra.rewards.haiku import score_haiku
-    from palaestra.rollout import TorchEngine
+    from palaestra.rollout import SamplingParams, TorchEngine
+    from palaestra.rollout.prompts import prepare_prompts
+    from palaestra.rollout.single_turn import group_seed, single_turn
     from palaestra.train.batch import build_train_batch
-    from palaestra.train.loop import prepare_prompts, rollout
     from palaestra.train.scoring import score_tokens
 
     model_config = SmolLM2_135M()
@@ -55,7 +56,11 @@ def main() -> None:
     )
     prompts = prepare_prompts(dataset, tokenizer, {})
     recipe = Recipe(rollout_max_response_len=args.max_tokens, n_samples_per_prompt=args.samples)
-    samples = rollout(TorchEngine(model, tokenizer), prompts, args.samples, recipe, step=1)
+    params_P = [
+        SamplingParams(args.max_tokens, seed=group_seed(recipe.seed, 1, i))
+        for i in range(len(prompts))
+    ]
+    samples = single_turn(TorchEngine(model, tokenizer), prompts, params_P, args.samples, step=1)
     rewards_P_G = torch.tensor([score_haiku(s.response) for s in samples]).view(-1, args.samples)
     advantages_B = compute_advantages(rewards_P_G, "grpo", "group").view(-1)
     batch = build_train_batch(samples, advantages_B, tokenizer.pad_token_id)
