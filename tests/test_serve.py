@@ -268,6 +268,29 @@ def test_stop_ends_the_process_and_the_record(module_home, tiny):
     assert not (module_home / "endpoints" / "tiny-temp.json").exists()
 
 
+def test_a_requests_missing_length_and_temperature_come_from_the_model(module_home, tiny):
+    preset = tiny.model_copy(update={"default_max_tokens": 5, "default_temperature": 0.0})
+    served = Endpoint.launch(preset, name="tiny-preset", recreate_if_existing=True)
+    try:
+        served.wait_until_ready(timeout=120)
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+
+        def ask(**fields):
+            return client.chat.completions.create(model="tiny-preset", messages=MESSAGES, **fields)
+
+        # Left out: 5 tokens, greedy (the near-uniform tiny model would differ by seed else).
+        first, second = ask(seed=1), ask(seed=2)
+        assert first.usage.completion_tokens == 5
+        assert first.choices[0].finish_reason == "length"
+        assert first.choices[0].message.content == second.choices[0].message.content
+        # Given: the request's own values win.
+        assert ask(max_tokens=9).usage.completion_tokens == 9
+        hot = [ask(temperature=1.0, seed=s).choices[0].message.content for s in (1, 2)]
+        assert hot[0] != hot[1]
+    finally:
+        served.stop()
+
+
 def test_a_server_that_cannot_load_says_why(module_home, tmp_path, tiny_model_dir):
     import shutil
 

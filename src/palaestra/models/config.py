@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from palaestra.models.parsing import ParsedResponse, parse_response
 
@@ -44,6 +44,12 @@ class ModelConfig(BaseModel):
     """Tag that closes the model's reasoning."""
     trust_remote_code: bool = False
     """Passed to transformers when loading; needed by models with custom code on the hub."""
+    default_max_tokens: int | None = Field(None, ge=1)
+    """New tokens an endpoint generates at most when a request leaves ``max_tokens`` out
+    (always bounded by the context left after the prompt); None: 512."""
+    default_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    """An endpoint's sampling temperature when a request leaves ``temperature`` out; None:
+    1.0, OpenAI's default."""
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path, name: str | None = None) -> ModelConfig:

@@ -27,7 +27,10 @@ from palaestra.serve.streaming import stream_requests
 from palaestra.types import Completion
 
 DEFAULT_MAX_TOKENS = 512
-"""``max_tokens`` when a request leaves it out (bounded by the context left after the prompt)."""
+"""``max_tokens`` when a request leaves it out and the model sets no ``default_max_tokens``
+(bounded by the context left after the prompt)."""
+DEFAULT_TEMPERATURE = 1.0
+"""``temperature`` when a request leaves it out and the model sets no ``default_temperature``."""
 
 
 class APIError(Exception):
@@ -55,7 +58,7 @@ class _Request(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=64)
     stop: str | list[str] | None = None
@@ -229,6 +232,8 @@ def _served(state: State, model: str | None) -> ServedModel:
 
 
 def _generation_request(served: ServedModel, body: _Request, prompt_ids: list[int]):
+    """What to generate for ``body``; what it leaves out comes from the model's defaults."""
+    config = served.config
     room = served.max_context - len(prompt_ids)
     asked = body.max_completion_tokens or body.max_tokens
     if room < 1 or (asked is not None and asked > room):
@@ -242,13 +247,17 @@ def _generation_request(served: ServedModel, body: _Request, prompt_ids: list[in
         )
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
-        max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
-        temperature=body.temperature,
+        max_tokens=asked or min(config.default_max_tokens or DEFAULT_MAX_TOKENS, room),
+        temperature=first_set(body.temperature, config.default_temperature, DEFAULT_TEMPERATURE),
         top_p=body.top_p,
         seed=body.seed,
         stop=stop,
     )
     return GenerationRequest(token_ids=list(prompt_ids), n=body.n, params=params)
+
+
+def first_set(*values):
+    return next(value for value in values if value is not None)
 
 
 def _include_usage(body: _Request) -> bool:
