@@ -52,7 +52,11 @@ def test_preset_defaults_and_docs():
     assert recipe.rollout_num_gpus == 0
     assert "Prompts per step" in Recipe.model_fields["rollout_batch_size"].description
     # A preset's own defaults keep the base field's doc and checks.
-    assert recipe.rollout_max_response_len == 48
+    assert (recipe.rollout_max_response_len, recipe.rollout_temperature, recipe.lr) == (
+        28,
+        0.8,
+        1e-5,
+    )
     assert SmolLM2_135M_Recipe.model_fields["lr"].description == "AdamW learning rate."
     for name, field in SmolLM2_135M_Recipe.model_fields.items():
         assert field.description, name
@@ -116,3 +120,19 @@ def test_docstring_groups_every_field_once_in_source_order():
     """The class docstring lists the fields by concern; the source orders them the same way."""
     listed = re.findall(r"``(\w+)``", Recipe.__doc__.split("by concern:", 1)[1])
     assert listed == list(Recipe.model_fields)
+
+
+def test_the_embedded_model_is_served_as_its_preset_trains_it():
+    from palaestra import SmolLM2_135M
+
+    model, recipe = SmolLM2_135M(), SmolLM2_135M_Recipe()
+    assert model.default_max_tokens == recipe.rollout_max_response_len
+    assert model.default_temperature == recipe.rollout_temperature
+
+
+def test_the_qwen_presets_follow_their_published_recipes():
+    from palaestra import Qwen3_4B_Recipe, Qwen3_5_4B_Recipe
+
+    for recipe in (Qwen3_4B_Recipe(), Qwen3_5_4B_Recipe()):
+        assert (recipe.lr, recipe.kl_loss_coef, recipe.clip_high) == (1e-6, 0.001, 0.28)
+        assert (recipe.rollout_max_response_len, recipe.rollout_temperature) == (1024, 1.0)

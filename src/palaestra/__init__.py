@@ -28,7 +28,7 @@ _EXPORTS = {
         "SmolLM2_360M",
         "SmolLM2_1_7B",
     ],
-    "palaestra.recipes": ["Recipe", "SmolLM2_135M_Recipe", "Qwen3_5_4B_Recipe"],
+    "palaestra.recipes": ["Recipe", "SmolLM2_135M_Recipe", "Qwen3_4B_Recipe", "Qwen3_5_4B_Recipe"],
     "palaestra.checkpoints": ["Checkpoint"],
     "palaestra.launch.training": ["TrainingRun"],
     "palaestra.runs.handles": ["RunFailedError", "RunStoppedError", "TrainResult"],
