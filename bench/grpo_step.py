@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -209,12 +210,15 @@ class Lockstep:
 
     def __init__(self, inner, channel: Channel, run) -> None:
         self.inner, self.channel, self.run = inner, channel, run
-        self.pending = None
+        self.pending, self.waited = None, 0.0
 
     def sample(self, step: int, cursor: int):
         self.flush()
+        waiting = time.perf_counter()
         if not self.channel.wait_for_step():
             raise SystemExit(0)
+        # The loop times its step from before this call: the wait is not the step's.
+        self.waited = time.perf_counter() - waiting
         self.pending = self.inner.sample(step, cursor)
         return self.pending
 
@@ -235,9 +239,9 @@ class Lockstep:
         prompt_lengths = {s.index: len(s.prompt_token_ids) for s in samples}
         self.channel.send(
             step_report(
-                # The step as the loop ran it, less the checkpoint the last step writes (TRL
-                # saves none).
-                metrics["step_s"] - metrics["save_s"],
+                # The step as the loop ran it, less the wait for the go and the checkpoint the
+                # last step writes (TRL saves none).
+                metrics["step_s"] - metrics["save_s"] - self.waited,
                 metrics["rollout_s"],
                 metrics["reward_s"],
                 [(len(s.prompt_token_ids), len(s.response_token_ids)) for s in samples],
@@ -515,12 +519,16 @@ class Worker:
 
 
 def measure_peaks(size: int) -> dict[str, float]:
+    """float32's matmul peak, and bfloat16's where the CPU multiplies it natively (elsewhere
+    torch emulates it at a few GFLOP/s, neither side computes in it, and timing it would take
+    many minutes)."""
     import torch
     from flops import matmul_peak_gflops
 
-    return {
-        name: matmul_peak_gflops(getattr(torch, name), size) for name in ("float32", "bfloat16")
-    }
+    from palaestra.models.loading import compute_dtype
+
+    names = ["float32"] + (["bfloat16"] if compute_dtype("auto", "cpu") == torch.bfloat16 else [])
+    return {name: matmul_peak_gflops(getattr(torch, name), size) for name in names}
 
 
 def summarise(side: str, ready: dict, reports: list[dict], shape, peaks: dict) -> dict:
@@ -533,9 +541,11 @@ def summarise(side: str, ready: dict, reports: list[dict], shape, peaks: dict) -
     steps = []
     for r in reports:
         flops = step_flops(shape, r["sequences"], r["prompt_lengths"])
-        floor_s = flops["generate"] / (peaks[ready["rollout_dtype"]] * 1e9) + flops["train"] / (
-            peaks[ready["train_dtype"]] * 1e9
-        )
+        # A dtype without a measured peak (bfloat16 forced on a CPU that emulates it) has no
+        # floor worth quoting.
+        rollout_peak = peaks.get(ready["rollout_dtype"], math.nan)
+        train_peak = peaks.get(ready["train_dtype"], math.nan)
+        floor_s = flops["generate"] / (rollout_peak * 1e9) + flops["train"] / (train_peak * 1e9)
         row = {k: v for k, v in r.items() if k not in ("sequences", "prompt_lengths")}
         steps.append(row | {"gflops": flops["total"] / 1e9, "floor_s": floor_s})
     step_mean = mean("step_s")

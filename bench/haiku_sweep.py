@@ -1,0 +1,159 @@
+"""The sweep behind the embedded model's recipe preset: which learning rate, temperature and
+response length make the haiku tutorial learn in its 30 steps.
+
+Each variant is the tutorial's training as a user runs it (``TrainConfig.train()``: the first 10
+training topics, 4 prompts x 8 samples per step, ``SmolLM2_135M_Recipe`` with only the swept
+fields changed) for 30 steps, scored every 10 steps on the test split's 60 topics (never
+trained on; one answer each, sampled as in training, the same seed per topic at every
+evaluation). The base model is scored the same way once per (temperature, length).
+
+    PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py [--steps 30] [--only 1,4]
+
+Columns: the test score before training and after 10, 20 and 30 steps; over the last 5 steps'
+training samples, the mean reward, the share of answers three lines long and the share cut at
+the length limit; seconds per step. A JSON copy goes to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from palaestra import (
+    HuggingFaceDataset,
+    SmolLM2_135M,
+    SmolLM2_135M_Recipe,
+    TrainConfig,
+    builtin_dataset,
+)
+from palaestra.rewards.haiku import score_haiku
+
+# (lr, temperature, max response tokens): one factor at a time away from the chosen defaults
+# (the first row), back to the preset as it was before this sweep (the fourth).
+GRID = [
+    (1e-5, 0.8, 28),
+    (1e-5, 1.0, 28),
+    (1e-5, 1.0, 48),
+    (2e-6, 1.0, 48),
+    (2e-5, 0.8, 28),
+]
+
+model = SmolLM2_135M()
+
+
+class HaikuDataset(HuggingFaceDataset):
+    hf_repo = str(builtin_dataset("haiku"))
+    input_column = "keywords"
+    output_column = "text"
+    output_format = "jsonl"
+    apply_chat_template = True
+    always_prepare = True
+    prompt_template = "Write a haiku about {input}."
+
+
+async def haiku_rm(args, sample, **kwargs) -> float:
+    return score_haiku(model.parse_response(sample.response).content)
+
+
+def three_lines(text: str) -> bool:
+    content = model.parse_response(text).content
+    return len([line for line in content.strip().split("\n") if line.strip()]) == 3
+
+
+def config_for(lr: float, temperature: float, length: int, steps: int) -> TrainConfig:
+    return TrainConfig(
+        model=model,
+        dataset=HaikuDataset(hf_split="train[:10]"),
+        eval_dataset=HaikuDataset(hf_split="test"),
+        recipe=SmolLM2_135M_Recipe(
+            num_rollout=steps,
+            n_samples_per_prompt=8,
+            eval_interval=10,
+            save_interval=None,
+            apply_chat_template_kwargs='{"enable_thinking": false}',
+            custom_rm_function=haiku_rm,
+            lr=lr,
+            rollout_temperature=temperature,
+            rollout_max_response_len=length,
+        ),
+        name=f"sweep-lr{lr:g}-t{temperature:g}-len{length}",
+    )
+
+
+def base_score(config: TrainConfig) -> float:
+    """The untrained model's test score, sampled exactly as the runs' evaluations sample."""
+    from palaestra.backends.local import build_local
+    from palaestra.train.state import Start, TrainerState
+
+    sampler, _ = build_local(config, Start(None, TrainerState(0, 0)))
+    try:
+        return sampler.evaluate(0)["eval_reward_mean"]
+    finally:
+        sampler.close()
+
+
+def summarise(result, steps: int) -> dict:
+    metrics = {row["step"]: row for row in result.metrics()}
+    last = [s for s in result.samples() if s["step"] > steps - 5]
+    evals = {
+        step: metrics[step].get("eval_reward_mean") for step in (10, 20, 30) if step in metrics
+    }
+    return {
+        "eval": evals,
+        "train_reward_last5": statistics.fmean(s["reward"] for s in last),
+        "three_lines_last5": statistics.fmean(three_lines(s["response"]) for s in last),
+        "cut_last5": statistics.fmean(s["finish_reason"] == "length" for s in last),
+        "step_s": statistics.median(row["step_s"] for row in metrics.values()),
+        "run_id": result.training_run_id,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--only", help="comma-separated 1-based rows of the grid")
+    parser.add_argument("--out", type=Path, default=Path("haiku-sweep.json"))
+    args = parser.parse_args()
+    rows = GRID
+    if args.only:
+        rows = [GRID[int(i) - 1] for i in args.only.split(",")]
+
+    bases: dict[tuple[float, int], float] = {}
+    results = []
+    for lr, temperature, length in rows:
+        config = config_for(lr, temperature, length, args.steps)
+        if (temperature, length) not in bases:
+            bases[temperature, length] = base_score(config)
+        started = time.monotonic()
+        summary = summarise(config.train(), args.steps)
+        summary |= {
+            "lr": lr,
+            "temperature": temperature,
+            "max_tokens": length,
+            "base": bases[temperature, length],
+            "wall_s": time.monotonic() - started,
+        }
+        results.append(summary)
+        args.out.write_text(json.dumps(results, indent=2))
+        print(json.dumps(summary), flush=True)
+
+    print()
+    print(
+        "| lr | temperature | max tokens | test score: base / 10 / 20 / 30 steps "
+        "| last 5 steps: reward / three lines / cut | s per step |"
+    )
+    print("| ---: | ---: | ---: | --- | --- | ---: |")
+    for r in results:
+        evals = " / ".join(f"{r['eval'].get(s, float('nan')):+.2f}" for s in (10, 20, 30))
+        print(
+            f"| {r['lr']:g} | {r['temperature']:g} | {r['max_tokens']} | "
+            f"{r['base']:+.2f} / {evals} | {r['train_reward_last5']:+.2f} / "
+            f"{r['three_lines_last5']:.0%} / {r['cut_last5']:.0%} | {r['step_s']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
