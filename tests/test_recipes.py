@@ -55,7 +55,7 @@ def test_preset_defaults_and_docs():
     assert (recipe.rollout_max_response_len, recipe.rollout_temperature, recipe.lr) == (
         28,
         0.8,
-        1e-5,
+        3e-5,
     )
     assert SmolLM2_135M_Recipe.model_fields["lr"].description == "AdamW learning rate."
     for name, field in SmolLM2_135M_Recipe.model_fields.items():
