@@ -8,6 +8,7 @@ trained on; one answer each, sampled as in training, the same seed per topic at 
 evaluation). The base model is scored the same way once per (temperature, length).
 
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py [--steps 30] [--only 1,4]
+        [--row 3e-5,0.8,24] [--seeds 42,1]
 
 Columns: the test score before training and after 10, 20 and 30 steps; over the last 5 steps'
 training samples, the mean reward, the share of answers three lines long and the share cut at
@@ -17,6 +18,7 @@ the length limit; seconds per step. A JSON copy goes to ``--out``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -64,7 +66,7 @@ def three_lines(text: str) -> bool:
     return len([line for line in content.strip().split("\n") if line.strip()]) == 3
 
 
-def config_for(lr: float, temperature: float, length: int, steps: int) -> TrainConfig:
+def config_for(lr: float, temperature: float, length: int, steps: int, seed: int) -> TrainConfig:
     return TrainConfig(
         model=model,
         dataset=HaikuDataset(hf_split="train[:10]"),
@@ -79,8 +81,9 @@ def config_for(lr: float, temperature: float, length: int, steps: int) -> TrainC
             lr=lr,
             rollout_temperature=temperature,
             rollout_max_response_len=length,
+            seed=seed,
         ),
-        name=f"sweep-lr{lr:g}-t{temperature:g}-len{length}",
+        name=f"sweep-lr{lr:g}-t{temperature:g}-len{length}-seed{seed}",
     )
 
 
@@ -116,16 +119,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--only", help="comma-separated 1-based rows of the grid")
+    parser.add_argument(
+        "--row", action="append", help="a variant outside the grid: LR,TEMPERATURE,LENGTH"
+    )
+    parser.add_argument("--seeds", default="42", help="comma-separated run seeds (default 42)")
     parser.add_argument("--out", type=Path, default=Path("haiku-sweep.json"))
     args = parser.parse_args()
     rows = GRID
     if args.only:
         rows = [GRID[int(i) - 1] for i in args.only.split(",")]
+    if args.row:
+        rows = [(float(a), float(b), int(c)) for a, b, c in (r.split(",") for r in args.row)]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
 
     bases: dict[tuple[float, int], float] = {}
     results = []
-    for lr, temperature, length in rows:
-        config = config_for(lr, temperature, length, args.steps)
+    for (lr, temperature, length), seed in itertools.product(rows, seeds):
+        config = config_for(lr, temperature, length, args.steps, seed)
         if (temperature, length) not in bases:
             bases[temperature, length] = base_score(config)
         started = time.monotonic()
@@ -134,6 +144,7 @@ def main() -> None:
             "lr": lr,
             "temperature": temperature,
             "max_tokens": length,
+            "seed": seed,
             "base": bases[temperature, length],
             "wall_s": time.monotonic() - started,
         }
@@ -143,14 +154,14 @@ def main() -> None:
 
     print()
     print(
-        "| lr | temperature | max tokens | test score: base / 10 / 20 / 30 steps "
+        "| lr | temperature | max tokens | seed | test score: base / 10 / 20 / 30 steps "
         "| last 5 steps: reward / three lines / cut | s per step |"
     )
-    print("| ---: | ---: | ---: | --- | --- | ---: |")
+    print("| ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in results:
         evals = " / ".join(f"{r['eval'].get(s, float('nan')):+.2f}" for s in (10, 20, 30))
         print(
-            f"| {r['lr']:g} | {r['temperature']:g} | {r['max_tokens']} | "
+            f"| {r['lr']:g} | {r['temperature']:g} | {r['max_tokens']} | {r['seed']} | "
             f"{r['base']:+.2f} / {evals} | {r['train_reward_last5']:+.2f} / "
             f"{r['three_lines_last5']:.0%} / {r['cut_last5']:.0%} | {r['step_s']:.1f} |"
         )
