@@ -36,10 +36,10 @@ from palaestra.rewards.haiku import score_haiku
 # (lr, temperature, max response tokens): the chosen defaults first, then one factor at a time
 # away from them, then the preset as it was before this sweep (the last row).
 GRID = [
+    (3e-5, 0.8, 24),
     (3e-5, 0.8, 28),
-    (1e-5, 0.8, 28),
-    (2e-5, 0.8, 28),
-    (3e-5, 1.0, 28),
+    (1e-5, 0.8, 24),
+    (3e-5, 1.0, 24),
     (3e-5, 0.8, 48),
     (2e-6, 1.0, 48),
 ]
