@@ -31,6 +31,7 @@ _EXPORTS = {
     "palaestra.recipes": ["Recipe", "SmolLM2_135M_Recipe", "Qwen3_4B_Recipe", "Qwen3_5_4B_Recipe"],
     "palaestra.checkpoints": ["Checkpoint"],
     "palaestra.launch.training": ["TrainingRun"],
+    "palaestra.launch.sweeps": ["GroupResult", "GroupRun", "TrainingGroup"],
     "palaestra.runs.handles": ["RunFailedError", "RunStoppedError", "TrainResult"],
     "palaestra.serve": ["Endpoint", "EndpointError"],
     "palaestra.config": ["TrainConfig"],

@@ -37,6 +37,12 @@ class TrainConfig(BaseModel):
     """Scored every ``recipe.eval_interval`` steps, one sample per row."""
     name: str | None = None
     """Prefix of the run id; defaults to the model's name."""
+    group_id: str | None = None
+    """The sweep (``TrainingGroup``) this run is a variant of; set by the group."""
+    group_overrides: dict[str, Any] | None = None
+    """This variant's values of the group's grid, by dotted field (``{"recipe.lr": 1e-5}``)."""
+    group_axes: list[str] | None = None
+    """The group's grid fields, in the grid's order."""
 
     @model_validator(mode="after")
     def _check_eval(self) -> TrainConfig:
@@ -74,6 +80,9 @@ class TrainConfig(BaseModel):
             "recipe": self.recipe.to_json_dict(),
             "checkpoint": str(path) if path else None,
             "name": self.name,
+            "group_id": self.group_id,
+            "group_overrides": self.group_overrides,
+            "group_axes": self.group_axes,
         }
 
     def launch(self, show_output: bool = False) -> TrainingRun:

@@ -128,16 +128,22 @@ def create_run(config: TrainConfig) -> RunDirectory:
     return run
 
 
-def spawn_worker(run: RunDirectory, resume: bool = False, show_output: bool = False) -> TrainingRun:
-    """Start the training process for ``run``. Claims the run first (pending, old error cleared),
-    so a second resume of the same run fails instead of starting a second process."""
+def spawn_worker(
+    run: RunDirectory,
+    resume: bool = False,
+    show_output: bool = False,
+    env: dict[str, str] | None = None,
+) -> TrainingRun:
+    """Start the training process for ``run`` (``env`` adds to its environment). Claims the run
+    first (pending, old error cleared), so a second resume of the same run fails instead of
+    starting a second process."""
     allowed = ("failed", "stopped") if resume else ("pending",)
     run.update_status(
         expect=allowed, state="pending", pid=None, pid_start=None, error=None, traceback=None
     )
     log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
     args = [str(run.path), *(["--resume"] if resume else [])]
-    process = spawn_module(WORKER, args, run.log_path)
+    process = spawn_module(WORKER, args, run.log_path, env=env)
     run.update_status(**process_record(process))
     return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
 

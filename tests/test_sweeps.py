@@ -1,0 +1,156 @@
+"""Sweeps: variants of a grid, refused or skipped combinations, a group trained here and one
+launched in the background, and how many variants run at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from palaestra.launch.sweeps import InvalidVariantError, TrainingGroup, apply_overrides
+from palaestra.runs import groups
+from palaestra.runs.registry import open_run
+from tiny_runs import tiny_config, write_topics
+
+
+@pytest.fixture
+def base(tiny_model_dir, home, tmp_path):
+    data = write_topics(tmp_path / "topics.jsonl")
+    return tiny_config(tiny_model_dir, data, num_rollout=2).model_copy(update={"name": "sw"})
+
+
+def test_variants_are_every_combination_first_field_slowest(base):
+    group = TrainingGroup(
+        base, grid={"recipe.lr": [1e-2, 1e-3], "recipe.n_samples_per_prompt": [2, 4, 8]}
+    )
+    variants = list(group.iter_variants())
+    # 2 x 3 = 6 combinations; lr varies slowest, as itertools.product orders them.
+    assert [(v.recipe.lr, v.recipe.n_samples_per_prompt) for v in variants] == [
+        (1e-2, 2), (1e-2, 4), (1e-2, 8), (1e-3, 2), (1e-3, 4), (1e-3, 8),
+    ]  # fmt: skip
+    assert {v.group_id for v in variants} == {group.group_id}
+    assert variants[4].group_overrides == {"recipe.lr": 1e-3, "recipe.n_samples_per_prompt": 4}
+    assert variants[4].group_axes == ["recipe.lr", "recipe.n_samples_per_prompt"]
+    # Everything outside the grid is the base's, and the base itself is untouched.
+    assert all(v.recipe.rollout_batch_size == 2 for v in variants)
+    assert base.recipe.lr == 1e-2 and base.group_id is None
+    assert [v.name for v in variants[:2]] == ["sw-v1", "sw-v2"]
+
+
+def test_an_invalid_combination_is_refused_naming_the_variant_and_field(base):
+    grid = {"recipe.lr": [1e-2, -1.0]}
+    with pytest.raises(InvalidVariantError, match=r"variant 2 of 2 \(recipe.lr=-1.0\): lr"):
+        TrainingGroup(base, grid=grid)
+    with pytest.raises(InvalidVariantError, match="Recipe has no field 'lrr'"):
+        TrainingGroup(base, grid={"recipe.lrr": [1e-2]})
+    with pytest.raises(InvalidVariantError, match="TrainConfig has no field 'recipes'"):
+        TrainingGroup(base, grid={"recipes.lr": [1e-2]})
+    # Each value is valid alone; one combination breaks a rule across fields.
+    grid = {"recipe.advantage_estimator": ["grpo", "gspo"], "recipe.loss_type": ["cispo"]}
+    with pytest.raises(
+        InvalidVariantError,
+        match=r"variant 2 of 2 \(recipe.advantage_estimator='gspo', recipe.loss_type='cispo'\)",
+    ):
+        TrainingGroup(base, grid=grid)
+
+
+def test_skip_invalid_keeps_the_valid_variants_and_records_the_rest(base):
+    group = TrainingGroup(base, grid={"recipe.lr": [-1.0, 1e-3]}, skip_invalid=True)
+    assert [v.recipe.lr for v in group.iter_variants()] == [1e-3]
+    assert group.skipped[0]["overrides"] == {"recipe.lr": -1.0}
+    assert "variant 1 of 2" in group.skipped[0]["error"]
+    with pytest.raises(InvalidVariantError, match="no valid variant"):
+        TrainingGroup(base, grid={"recipe.lr": [-1.0]}, skip_invalid=True)
+
+
+def test_grid_values_must_be_lists(base):
+    with pytest.raises(ValueError, match=r"grid\['recipe.lr'\] must be a list"):
+        TrainingGroup(base, grid={"recipe.lr": 1e-3})
+    with pytest.raises(ValueError, match="grid is empty"):
+        TrainingGroup(base, grid={})
+
+
+def test_overrides_reach_nested_configs_and_revalidate(base):
+    config = apply_overrides(base, {"dataset.prompt_template": "Write about {input}"}, "v")
+    assert config.dataset.prompt_template == "Write about {input}"
+    assert base.dataset.prompt_template == "Say {input}"
+    with pytest.raises(InvalidVariantError, match="v: dataset.hf_split") as error:
+        apply_overrides(base, {"dataset.hf_split": "train[oops"}, "v")
+    assert "train[oops" in str(error.value)
+
+
+def test_train_runs_each_variant_as_a_tagged_run_and_records_the_group(base, home):
+    group = TrainingGroup(base, grid={"recipe.lr": [1e-2, 1e-3]}, name="lr")
+    result = group.train()
+    assert len(result.results) == 2 and not result.failed
+    detail = groups.group_detail(group.group_id)
+    assert detail["state"] == "completed" and detail["driver"] is None
+    for variant, lr in zip(detail["variants"], [1e-2, 1e-3], strict=True):
+        run = open_run(variant["run_id"])
+        config = run.config()
+        assert config["group_id"] == group.group_id
+        assert config["group_overrides"] == {"recipe.lr": lr}
+        assert config["recipe"]["lr"] == lr
+        rewards = [row["reward_mean"] for row in run.metrics()]
+        assert len(rewards) == 2
+        assert variant["final_reward"] == rewards[-1] and variant["best_reward"] == max(rewards)
+    summary = groups.list_groups()[0]
+    assert summary["group_id"] == group.group_id
+    assert summary["states"] == {"completed": 2} and summary["variants"] == 2
+
+
+def test_a_failing_variant_without_continue_on_error_leaves_the_rest_unstarted(base):
+    def broken_reward(args, sample, **kwargs) -> float:
+        raise RuntimeError("reward broke")
+
+    grid = {"recipe.custom_rm_function": [broken_reward, broken_reward, broken_reward]}
+    group = TrainingGroup(base, grid=grid)
+    with pytest.raises(Exception, match="reward broke"):
+        group.train(continue_on_error=False)
+    states = [v["state"] for v in groups.group_detail(group.group_id)["variants"]]
+    assert states == ["failed", "stopped", "stopped"]
+    second = open_run(groups.read_group(group.group_id)["variants"][1]["run_id"])
+    assert "earlier variant failed" in second.read_status()["error"]
+    assert not second.metrics()  # it never trained
+
+
+def test_launch_returns_at_once_and_respects_max_parallel(base):
+    group = TrainingGroup(base, grid={"recipe.lr": [1e-2, 1e-3, 1e-4]})
+    started = time.monotonic()
+    handle = group.launch(max_parallel=2)
+    assert time.monotonic() - started < 5  # the variants train in the background
+    assert len(handle.runs()) == 3
+    most_at_once = 0
+    while handle.status in ("pending", "running"):
+        states = [run.status for run in handle.runs()]
+        most_at_once = max(most_at_once, states.count("running"))
+        time.sleep(0.05)
+    result = handle.result(timeout=300)
+    assert len(result.results) == 3
+    assert most_at_once <= 2
+    # Each of two runs side by side gets half the cores (recorded in the driver's group).
+    record = groups.read_group(group.group_id)
+    assert record["max_parallel"] == 2 and record["ended_at"] is not None
+    log = (groups.group_path(group.group_id) / "driver.log").read_text()
+    assert log.count("sweep: started") == 3
+
+
+def test_stopping_a_launched_group_stops_its_runs_and_cancels_the_rest(base, home):
+    from tiny_runs import gated_reward
+
+    group = TrainingGroup(
+        base.model_copy(update={"recipe": base.recipe.model_copy(update={"num_rollout": 3})}),
+        grid={"recipe.custom_rm_function": [gated_reward, gated_reward]},
+    )
+    handle = group.launch(max_parallel=1)
+    first = handle.runs()[0]
+    deadline = time.monotonic() + 120
+    while first.status != "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    handle.stop(timeout=30)
+    states = [run.status for run in handle.runs()]
+    assert states == ["stopped", "stopped"]
+    assert handle.status == "stopped"
+    status = json.loads((handle.runs()[1].path / "status.json").read_text())
+    assert "stopped before this variant started" in status["error"]
