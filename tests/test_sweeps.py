@@ -154,3 +154,76 @@ def test_stopping_a_launched_group_stops_its_runs_and_cancels_the_rest(base, hom
     assert handle.status == "stopped"
     status = json.loads((handle.runs()[1].path / "status.json").read_text())
     assert "stopped before this variant started" in status["error"]
+
+
+def write_sweep_file(folder, model) -> object:
+    (folder / "sweep_rewards.py").write_text(
+        "from tiny_runs import count_lowercase  # noqa: F401\n"
+    )
+    write_topics(folder / "topics.jsonl")
+    path = folder / "base.toml"
+    path.write_text(
+        f"""name = "cli"
+[model]
+path = "{model}"
+name = "tiny"
+[dataset]
+path = "topics.jsonl"
+input_column = "topic"
+prompt_template = "Say {{input}}"
+[recipe]
+num_rollout = 2
+rollout_batch_size = 2
+n_samples_per_prompt = 4
+rollout_max_response_len = 8
+lr = 0.01
+custom_rm_function = "sweep_rewards:count_lowercase"
+"""
+    )
+    return path
+
+
+def test_cli_sweeps_a_grid_lists_the_group_and_exports_its_metrics(
+    tiny_model_dir, home, tmp_path, capsys
+):
+    import csv
+    import io
+
+    from palaestra.cli import main, parse_grid
+
+    assert parse_grid(["recipe.lr=1e-6,1e-5", "recipe.advantage_estimator=grpo,gspo"]) == {
+        "recipe.lr": [1e-6, 1e-5],
+        "recipe.advantage_estimator": ["grpo", "gspo"],
+    }
+    path = write_sweep_file(tmp_path, tiny_model_dir)
+    code = main(["sweep", str(path), "--grid", "recipe.lr=0.01,-1", "--skip-invalid"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "skipped variant 2 of 2 (recipe.lr=-1)" in out
+    group_id = out.split("group id: ")[1].split()[0]
+    (variant,) = groups.group_detail(group_id)["variants"]
+    run = open_run(variant["run_id"])
+    rewards = [row["reward_mean"] for row in run.metrics()]
+    # The closing table: the variant's run, its lr, state, steps, final and best reward.
+    row = next(line for line in out.splitlines() if line.startswith(run.run_id)).split()
+    assert row == [run.run_id, "0.01", "completed", "2/2", f"{rewards[-1]:+.3f}",
+                   f"{max(rewards):+.3f}"]  # fmt: skip
+
+    assert main(["group", "list"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[1].split()[:5] == [group_id, "completed", "recipe.lr", "1", "completed:1"]
+    assert main(["run", "list", "--group", group_id]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [run.run_id]
+
+    assert main(["run", "export", group_id, "--format", "csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["run_id"] for r in table] == [run.run_id] * 2
+    assert [float(r["recipe.lr"]) for r in table] == [0.01, 0.01]
+    assert [float(r["reward_mean"]) for r in table] == rewards
+    out_file = tmp_path / "m.jsonl"
+    assert main(["run", "export", run.run_id, "--format", "jsonl", "-o", str(out_file)]) == 0
+    assert capsys.readouterr().out == f"wrote 2 rows to {out_file}\n"
+    lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert lines == [{"run_id": run.run_id, **row} for row in run.metrics()]
+    assert main(["run", "export", "no-such-thing"]) == 1
+    assert "no run or group 'no-such-thing'" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The ``palaestra`` command: train from a TOML file, list, inspect and stop runs, serve a model
-or a checkpoint, evaluate an endpoint, serve the dashboard.
+"""The ``palaestra`` command: train from a TOML file (or sweep a grid over it), list, inspect,
+stop and export runs and groups, serve a model or a checkpoint, evaluate an endpoint, serve
+the dashboard.
 
 Each subcommand is a ``cmd_*`` function of the parsed arguments plus a few lines in
 ``build_parser``. Modules that load torch, pydantic or FastAPI are imported inside the
@@ -127,13 +128,127 @@ def follow_training(run, poll_s: float = 0.3) -> int:
     return 1
 
 
+# palaestra sweep ----------------------------------------------------------------------------
+
+
+def parse_grid(items: list[str]) -> dict[str, list]:
+    """``--grid recipe.lr=1e-6,1e-5`` (repeatable) as a grid. Each value is read as a TOML
+    value (1e-6, 4, true, "text"), else taken as text (grpo)."""
+    import tomllib
+
+    grid: dict[str, list] = {}
+    for item in items:
+        field, sep, values = item.partition("=")
+        if not sep or not field.strip() or not values.strip():
+            raise CommandError(f"--grid {item!r}: expected FIELD=VALUE,VALUE (recipe.lr=1e-6,1e-5)")
+        parsed = []
+        for text in values.split(","):
+            try:
+                parsed.append(tomllib.loads(f"v = {text.strip()}")["v"])
+            except tomllib.TOMLDecodeError:
+                parsed.append(text.strip())
+        grid[field.strip()] = parsed
+    return grid
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from palaestra.config_file import load_train_file
+    from palaestra.launch.sweeps import TrainingGroup
+
+    if not args.grid:
+        raise CommandError("give at least one --grid FIELD=VALUE,VALUE")
+    group = TrainingGroup(
+        load_train_file(args.file),
+        grid=parse_grid(args.grid),
+        name=args.name,
+        skip_invalid=args.skip_invalid,
+    )
+    for skipped in group.skipped:
+        print(f"skipped {skipped['error']}")
+    variants = list(group.iter_variants())
+    print(f"group id: {group.group_id} ({len(variants)} variants)", flush=True)
+    if args.detach:
+        group.launch(max_parallel=args.max_parallel, continue_on_error=not args.stop_on_error)
+        print(f"follow it with: palaestra group get {group.group_id}")
+        return 0
+    try:
+        result = group.train(args.max_parallel, continue_on_error=not args.stop_on_error)
+    except RuntimeError as error:  # the first failure, with --stop-on-error
+        print(f"palaestra: {error}", file=sys.stderr)
+        result = None
+    print_group(group.group_id)
+    return 0 if result is not None and not result.failed else 1
+
+
+def print_group(group_id: str) -> None:
+    from palaestra.runs.groups import group_detail
+
+    detail = group_detail(group_id)
+    axes = detail.get("axes", [])
+    rows = [
+        [v["run_id"], *[_value(v["overrides"].get(a)) for a in axes], v["state"],
+         f"{v['step']}/{v['total_steps']}" if v.get("total_steps") else str(v["step"]),
+         _number(v["final_reward"]), _number(v["best_reward"])]
+        for v in detail["variants"]
+    ]  # fmt: skip
+    print(f"group {group_id} ({detail.get('name')}): {detail['state']}")
+    print(table(rows, ["RUN", *axes, "STATUS", "STEP", "FINAL", "BEST"]))
+    for skipped in detail.get("skipped", []):
+        print(f"skipped: {skipped['error']}")
+
+
+def _value(value) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def cmd_group_list(args: argparse.Namespace) -> int:
+    from palaestra.runs.groups import list_groups
+
+    found = list_groups()
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print("no groups yet")
+        return 0
+    rows = [
+        [g["group_id"], g["state"], ",".join(g["axes"]), str(g["variants"]),
+         " ".join(f"{k}:{n}" for k, n in sorted(g["states"].items())),
+         _number(g["best_reward"]), _when(g["created_at"])]
+        for g in found
+    ]  # fmt: skip
+    header = ["GROUP", "STATUS", "GRID", "RUNS", "STATES", "BEST", "CREATED"]
+    print(table(rows, header, shrink=(2,)))
+    return 0
+
+
+def cmd_group_get(args: argparse.Namespace) -> int:
+    from palaestra.runs.groups import group_detail
+
+    if args.json:
+        print(json.dumps(group_detail(args.group_id), indent=2, default=str))
+        return 0
+    print_group(args.group_id)
+    return 0
+
+
+def cmd_group_stop(args: argparse.Namespace) -> int:
+    from palaestra.launch.sweeps import GroupRun
+    from palaestra.runs.groups import read_group
+
+    read_group(args.group_id)  # KeyError naming an unknown group
+    GroupRun(args.group_id).stop(timeout=args.timeout)
+    print_group(args.group_id)
+    return 0
+
+
 # palaestra run ... --------------------------------------------------------------------------
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
     from palaestra.runs.records import list_runs
 
-    runs = list_runs(status=args.status, limit=args.limit)
+    runs = list_runs(status=args.status, limit=args.limit, group=args.group)
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
@@ -230,6 +345,18 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     run.stop(timeout=args.timeout)
     after = run.status_info()
     print(f"run {args.run_id}: {after['state']} at step {after.get('step')}")
+    return 0
+
+
+def cmd_run_export(args: argparse.Namespace) -> int:
+    from palaestra.runs.export import export_text
+
+    text = export_text(args.run_id, args.format)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {text.count(chr(10)) - (args.format == 'csv')} rows to {args.output}")
     return 0
 
 
@@ -349,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = runs.add_parser("list", help="runs, newest first")
     listing.add_argument("--status", choices=STATES, help="only runs in this state")
     listing.add_argument("--limit", type=int, help="at most this many runs")
+    listing.add_argument("--group", metavar="GROUP_ID", help="only the runs of this group")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=cmd_run_list)
     get = runs.add_parser("get", help="one run: status, reward, recipe, checkpoints")
@@ -364,6 +492,41 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run_id", metavar="ID")
     stop.add_argument("--timeout", type=float, default=60.0, help="seconds before forcing it")
     stop.set_defaults(handler=cmd_run_stop)
+    export = runs.add_parser("export", help="a run's (or a group's) metrics as CSV or JSON Lines")
+    export.add_argument("run_id", metavar="ID", help="a run id or a group id")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="default csv")
+    export.add_argument("-o", "--output", help="write to this file (default: standard output)")
+    export.set_defaults(handler=cmd_run_export)
+
+    sweep = commands.add_parser("sweep", help="train every combination of a grid (a group)")
+    sweep.add_argument("file", metavar="RECIPE.toml", help="the base: model, dataset, recipe")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="a field and its values, e.g. recipe.lr=1e-6,1e-5 (repeat for more fields)",
+    )
+    sweep.add_argument("--name", help="the group's name (prefix of its id)")
+    sweep.add_argument("--max-parallel", type=int, help="runs at once (default 1, see docs)")
+    sweep.add_argument("--skip-invalid", action="store_true", help="skip bad combinations")
+    sweep.add_argument("--stop-on-error", action="store_true", help="start no more after a failure")
+    sweep.add_argument("--detach", action="store_true", help="start the group and return at once")
+    sweep.set_defaults(handler=cmd_sweep)
+
+    group = commands.add_parser("group", help="list, inspect and stop groups of runs (sweeps)")
+    group_commands = group.add_subparsers(title="group commands", metavar="ACTION", required=True)
+    group_list = group_commands.add_parser("list", help="groups, newest first")
+    group_list.add_argument("--json", action="store_true", help="print JSON")
+    group_list.set_defaults(handler=cmd_group_list)
+    group_get = group_commands.add_parser("get", help="one group: its variants and rewards")
+    group_get.add_argument("group_id", metavar="ID")
+    group_get.add_argument("--json", action="store_true", help="print JSON")
+    group_get.set_defaults(handler=cmd_group_get)
+    group_stop = group_commands.add_parser("stop", help="stop a group and its running variants")
+    group_stop.add_argument("group_id", metavar="ID")
+    group_stop.add_argument("--timeout", type=float, default=60.0, help="seconds before forcing")
+    group_stop.set_defaults(handler=cmd_group_stop)
 
     serve = commands.add_parser(
         "serve", help="serve a model or checkpoint over an OpenAI-compatible API (foreground)"

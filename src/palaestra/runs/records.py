@@ -55,18 +55,26 @@ def run_summary(run: RunDirectory) -> dict[str, Any]:
         "finished_at": finished,
         "duration_s": end - started if started and end else None,
         "error": status.get("error") if status.get("state") == "failed" else None,
+        "group_id": config.get("group_id"),
+        "group_overrides": config.get("group_overrides"),
     }
 
 
 def list_runs(
-    home: Path | None = None, status: str | None = None, limit: int | None = None
+    home: Path | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+    group: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Summaries of every run, newest first; ``status`` keeps one state, ``limit`` the newest."""
+    """Summaries of every run, newest first; ``status`` keeps one state, ``group`` one group's
+    variants, ``limit`` the newest."""
     root = (home or palaestra_home()) / "runs"
     summaries = []
     for run_id in list_run_ids(home):
         summary = run_summary(RunDirectory(root / run_id))
-        if status is None or summary["state"] == status:
+        if (status is None or summary["state"] == status) and (
+            group is None or summary["group_id"] == group
+        ):
             summaries.append(summary)
         if limit is not None and len(summaries) >= limit:
             break
