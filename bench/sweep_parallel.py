@@ -65,7 +65,11 @@ def time_group(steps: int, max_parallel: int) -> dict:
     result = group.train(max_parallel=max_parallel)
     wall = time.monotonic() - started
     step_s = [row["step_s"] for run in result.results for row in run.metrics()[1:]]
-    return {"max_parallel": max_parallel, "wall_s": wall, "median_step_s": statistics.median(step_s)}
+    return {
+        "max_parallel": max_parallel,
+        "wall_s": wall,
+        "median_step_s": statistics.median(step_s),
+    }
 
 
 def main() -> None:
