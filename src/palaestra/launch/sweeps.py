@@ -7,11 +7,13 @@ variants' run directories are written at once (pending), then a driver starts th
 free up: in this process for ``train()``, in a detached process for ``launch()``
 (``python -m palaestra.launch.sweeps GROUP_DIR``), which returns at once.
 
-Why ``max_parallel`` is 1 by default: a run already keeps every core of this machine busy
-(torch's matmuls use all of them), so two runs side by side each take about twice as long
-and nothing finishes sooner. Runs bound by something else (a slow remote reward, say) can go
-wide; each of ``max_parallel`` runs then gets an equal share of the cores
-(``OMP_NUM_THREADS``), since oversubscribed threads are slower than either choice.
+Why ``max_parallel`` is 1 by default: one run already keeps every core busy (torch's matmuls
+use all of them), so a second run beside it slows both. Measured on a 2-core AMD EPYC with
+``bench/sweep_parallel.py`` (two haiku variants, 4 steps each): one at a time, 13.1-13.4 s a
+step and 125-129 s for the group; two at once, 19.8 s a step and 93 s for the group. So 1 gives
+each run its full speed (the first results come soonest); 2 finishes the whole group in about
+three quarters of the time. Each of ``max_parallel`` runs gets an equal share of the cores
+(``OMP_NUM_THREADS``), so runs side by side do not fight over the same threads.
 """
 
 from __future__ import annotations
