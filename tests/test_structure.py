@@ -109,6 +109,7 @@ def test_units_import_each_other_without_a_circle():
         ("serve", {"train", "backends", "dashboard"}),
         ("runs", {"train", "launch", "serve", "dashboard", "backends", "rollout"}),
         ("types", {"*"}),
+        ("trackers", {"train", "launch", "serve", "dashboard", "backends", "rollout", "models"}),
     ],
 )
 def test_a_unit_never_imports_what_its_rules_forbid(unit, forbidden):
@@ -139,7 +140,7 @@ def test_algo_does_no_io():
     assert not found, f"algo/ imports I/O modules: {found}"
 
 
-@pytest.mark.parametrize("unit", ["types", "rewards", "checkpoints", "runs", "recipes"])
+@pytest.mark.parametrize("unit", ["types", "rewards", "checkpoints", "runs", "recipes", "trackers"])
 def test_light_units_load_no_torch_when_imported(unit):
     found = third_party_imports(unit, at_import=True)
     assert "torch" not in found, f"{unit} imports torch in {sorted(found['torch'])}"

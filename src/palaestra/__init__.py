@@ -35,6 +35,7 @@ _EXPORTS = {
     "palaestra.runs.handles": ["RunFailedError", "RunStoppedError", "TrainResult"],
     "palaestra.serve": ["Endpoint", "EndpointError"],
     "palaestra.config": ["TrainConfig"],
+    "palaestra.trackers": ["DashboardMetricConfig", "TrackioConfig", "WandbConfig"],
     "palaestra.types": ["Sample"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -11,6 +11,7 @@ from palaestra.checkpoints import Checkpoint, check_model_folder, checkpoint_pat
 from palaestra.data import DatasetConfig
 from palaestra.models import ModelConfig
 from palaestra.recipes import Recipe, check_runnable_here
+from palaestra.trackers import DashboardMetricConfig, MetricConfig, metric_configs
 
 if TYPE_CHECKING:
     from palaestra.launch.training import TrainingRun
@@ -43,6 +44,11 @@ class TrainConfig(BaseModel):
     """This variant's values of the group's grid, by dotted field (``{"recipe.lr": 1e-5}``)."""
     group_axes: list[str] | None = None
     """The group's grid fields, in the grid's order."""
+    metrics: MetricConfig | list[MetricConfig] | None = DashboardMetricConfig()
+    """Experiment trackers each step's metrics are mirrored to (``TrackioConfig``,
+    ``WandbConfig``), besides the run's own metrics.jsonl, which is always written. None or
+    ``DashboardMetricConfig()``: no mirror. A tracker that fails is warned about in train.log
+    and dropped; it never fails or slows the run."""
 
     @model_validator(mode="after")
     def _check_eval(self) -> TrainConfig:
@@ -69,6 +75,8 @@ class TrainConfig(BaseModel):
         path = self.checkpoint_path()
         if path is not None:
             check_model_folder(path)
+        for tracker in metric_configs(self.metrics):
+            tracker.check_installed()
 
     def to_json_dict(self) -> dict[str, Any]:
         """The resolved config, as written to the run's ``config.json``."""
@@ -83,6 +91,7 @@ class TrainConfig(BaseModel):
             "group_id": self.group_id,
             "group_overrides": self.group_overrides,
             "group_axes": self.group_axes,
+            "metrics": [tracker.describe() for tracker in metric_configs(self.metrics)],
         }
 
     def launch(self, show_output: bool = False) -> TrainingRun:

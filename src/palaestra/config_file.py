@@ -19,6 +19,10 @@
 
     [eval_dataset]                  # optional; same keys as [dataset], needs recipe.eval_interval
 
+    [[metrics]]                     # optional, repeatable: mirror metrics to a tracker
+    kind = "trackio"                # or "wandb"; other keys: TrackioConfig's or WandbConfig's
+    project = "haiku"
+
 ``model = "SmolLM2-135M-Instruct"`` is short for a ``[model]`` table with only a name. Relative
 paths are relative to the TOML file, and its folder is importable, so a reward can live in a
 module beside it (``custom_rm_function = "my_rewards:score"``).
@@ -61,6 +65,8 @@ class TrainFile(BaseModel):
     """Checkpoint directory to start from."""
     name: str | None = None
     """Prefix of the run id."""
+    metrics: list[dict[str, Any]] | None = None
+    """``[[metrics]]`` tables: trackers to mirror metrics to, each chosen by its ``kind``."""
 
 
 def load_train_file(path: str | Path) -> TrainConfig:
@@ -92,6 +98,7 @@ def load_train_file(path: str | Path) -> TrainConfig:
             recipe=recipe,
             checkpoint=checkpoint,
             name=spec.name,
+            **({} if spec.metrics is None else {"metrics": spec.metrics}),
         )
     except ValidationError as error:
         raise TrainFileError(_describe(path, "", error)) from None

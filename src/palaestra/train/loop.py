@@ -22,6 +22,7 @@ from palaestra.checkpoints import (
 from palaestra.recipes import Recipe
 from palaestra.runs.directory import RunDirectory
 from palaestra.runs.progress import step_line
+from palaestra.trackers.mirror import Trackers, open_trackers
 from palaestra.train import records
 from palaestra.train.seam import Backend
 from palaestra.train.state import Start, TrainerState, resolve_start
@@ -45,6 +46,7 @@ def run_training(
     if resume:
         records.restore_log(run, state)
     sampler, learner = backend(config, start)
+    trackers = open_trackers(config, run, resume)  # mirrors of metrics.jsonl, never blocking
     info = checkpoint_info(config, run, start)
     run.update_status(
         state="running", step=state.step, total_steps=state.last_step, first_step=state.step
@@ -52,14 +54,23 @@ def run_training(
     print(describe(config, state), flush=True)
     try:
         while state.step < state.last_step:
-            state = train_one_step(config, run, sampler, learner, state, info)
+            state = train_one_step(config, run, sampler, learner, state, info, trackers)
     finally:
+        trackers.close()  # never raises; waits at most a few seconds
         sampler.close()
 
 
-def train_one_step(config, run: RunDirectory, sampler, learner, state: TrainerState, info: dict):
+def train_one_step(
+    config,
+    run: RunDirectory,
+    sampler,
+    learner,
+    state: TrainerState,
+    info: dict,
+    trackers: Trackers,
+):
     """One step of the algorithm; returns the loop's state after it. ``info`` goes into each
-    checkpoint's palaestra.json."""
+    checkpoint's palaestra.json; ``trackers`` get the step's metrics row."""
     recipe = config.recipe
     step = state.step + 1
     started = time.monotonic()
@@ -100,6 +111,7 @@ def train_one_step(config, run: RunDirectory, sampler, learner, state: TrainerSt
     metrics["save_s"] = time.monotonic() - save_started
     metrics["step_s"] = time.monotonic() - started
     records.append_step(run, rows, metrics)
+    trackers.log(metrics)
     print(step_line(metrics, state.last_step, saved), flush=True)
     return state
 
