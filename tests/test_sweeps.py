@@ -215,6 +215,8 @@ def test_cli_sweeps_a_grid_lists_the_group_and_exports_its_metrics(
     assert main(["run", "list", "--group", group_id]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [run.run_id]
 
+    assert main(["run", "get", run.run_id]) == 0
+    assert f"group      {group_id} (recipe.lr=0.01)" in capsys.readouterr().out
     assert main(["run", "export", group_id, "--format", "csv"]) == 0
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["run_id"] for r in table] == [run.run_id] * 2

@@ -287,6 +287,7 @@ def cmd_run_get(args: argparse.Namespace) -> int:
         ("run", run["run_id"]),
         ("status", f"{run['state']}, step {_steps(run)}"),
         ("error", run["error"]),
+        ("group", _group_line(run)),
         ("model", run["model"]),
         ("dataset", run["dataset"]),
         ("reward", f"{_number(run['reward_mean'])} (mean of the latest step)"),
@@ -310,6 +311,14 @@ def cmd_run_get(args: argparse.Namespace) -> int:
     for endpoint in run["endpoints"]:
         print(f"served at {endpoint['url']} ({endpoint['name']})")
     return 0
+
+
+def _group_line(run: dict) -> str | None:
+    """``GROUP_ID (recipe.lr=1e-05)``: the sweep a run is a variant of, and its grid values."""
+    if not run.get("group_id"):
+        return None
+    overrides = run.get("group_overrides") or {}
+    return f"{run['group_id']} ({', '.join(f'{k}={_value(v)}' for k, v in overrides.items())})"
 
 
 def cmd_run_logs(args: argparse.Namespace) -> int:
