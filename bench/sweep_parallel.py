@@ -18,28 +18,9 @@ import platform
 import statistics
 import time
 
-from palaestra import (
-    HuggingFaceDataset,
-    SmolLM2_135M,
-    SmolLM2_135M_Recipe,
-    TrainConfig,
-    TrainingGroup,
-    builtin_dataset,
-)
-from palaestra.rewards.haiku import score_haiku
+from haiku_sweep import HaikuDataset, haiku_rm  # the tutorial's dataset and reward
 
-
-class HaikuDataset(HuggingFaceDataset):
-    hf_repo = str(builtin_dataset("haiku"))
-    input_column = "keywords"
-    output_column = "text"
-    output_format = "jsonl"
-    apply_chat_template = True
-    prompt_template = "Write a haiku about {input}."
-
-
-async def haiku_rm(args, sample, **kwargs) -> float:
-    return score_haiku(sample.response)
+from palaestra import SmolLM2_135M, SmolLM2_135M_Recipe, TrainConfig, TrainingGroup
 
 
 def cpu_model() -> str:
