@@ -1,4 +1,5 @@
-"""The dashboard in real headless Chromium, over real runs of the tiny model: what a person sees.
+"""The dashboard in real headless Chromium, over real runs of the tiny model: what a person sees,
+a group of runs (a sweep) and runs compared side by side included.
 
 Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped without it unless
 PALAESTRA_REQUIRE_BROWSER is set. Playwright drives that binary; it never downloads a browser.
@@ -15,14 +16,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from palaestra import RunFailedError
+from palaestra.runs.compare import compare_runs
 from palaestra.runs.directory import read_jsonl
 from palaestra.runs.liveness import process_start_time
 from palaestra.runs.registry import list_run_ids
+from test_compare import LABELS, make_group
 from tiny_runs import count_lowercase, gate_path, gated_reward, tiny_config, write_topics
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -258,3 +262,144 @@ def test_a_running_run_updates_without_reloading(site, page):
     expect(page.locator("#log")).to_contain_text("step 3/3")
     expect(page.locator("#live")).to_be_hidden()
     screenshot(page, "live-run-page.png")
+
+
+# Groups of runs and runs compared ---------------------------------------------------------
+
+METRICS = "metrics.jsonl"
+
+
+@pytest.fixture(scope="module")
+def sweep_site(tmp_path_factory, tiny_model_dir):
+    """A group of three variants, the last launched and held at step 2, a run outside the
+    group, and `palaestra dashboard` over them: a home of their own."""
+    home = tmp_path_factory.mktemp("sweep") / "home"
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(1) as thread:
+        patch.setenv("PALAESTRA_HOME", str(home))
+        # Trained on a thread of its own: Playwright's sync API, once started, keeps an event
+        # loop running on this one, where the trainer could not start its own.
+        made = thread.submit(make_group, home, tiny_model_dir, live_last=True).result()
+    server, url = start_dashboard(home)
+    try:
+        yield made | {"home": home, "url": url}
+    finally:
+        made["live"].stop(timeout=10)
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def shown(page, value: float) -> str:
+    """``value`` as the page writes it; a page that lost the number fails the closeness check."""
+    text = page.evaluate("(v) => fmt.num(v)", value)
+    assert float(text) == pytest.approx(value, abs=5e-4)
+    return text
+
+
+def assert_overlay(page, home: Path, run_ids: list[str], labels: list[str]) -> None:
+    """One line per run in the reward and loss charts, each point a metrics.jsonl row, and a
+    legend naming each run by its label."""
+    metrics = {run_id: read_jsonl(home / "runs" / run_id / METRICS) for run_id in run_ids}
+    for chart, key in (("reward", "reward_mean"), ("loss", "loss")):
+        figure = page.locator(f'#overlay figure[data-chart="{chart}"]')
+        expect_series = [s.get_attribute("data-series") for s in figure.locator("g.series").all()]
+        assert expect_series == run_ids
+        for run_id in run_ids:
+            rows = [row for row in metrics[run_id] if isinstance(row.get(key), int | float)]
+            points = figure.locator(f'g[data-series="{run_id}"] circle.point')
+            assert [int(p.get_attribute("data-step")) for p in points.all()] == [
+                row["step"] for row in rows
+            ]
+            assert [float(p.get_attribute("data-value")) for p in points.all()] == [
+                row[key] for row in rows
+            ]
+    # Lines of distinct colours, and the legend in the same order.
+    colors = [
+        page.locator(
+            f'#overlay figure[data-chart="reward"] g[data-series="{r}"] path'
+        ).get_attribute("stroke")
+        for r in run_ids
+    ]
+    assert len(set(colors)) == len(run_ids)
+    legend = page.locator("#overlay-legend span[data-run]")
+    assert [s.get_attribute("data-run") for s in legend.all()] == run_ids
+    assert legend.all_text_contents() == labels
+
+
+def test_group_page_shows_variants_in_grid_order_and_follows_the_live_one(sweep_site, page):
+    expect = sync_api.expect
+    home, run_ids, live = sweep_site["home"], sweep_site["run_ids"], sweep_site["live"]
+    page.goto(f"{sweep_site['url']}/groups/{sweep_site['group_id']}")
+    expect(page.locator("h1")).to_have_text("lr-sweep")
+    rows = page.locator("#variants tr[data-run]")
+    expect(rows).to_have_count(3)
+    assert [row.get_attribute("data-run") for row in rows.all()] == run_ids  # grid order
+    live_row = page.locator(f'#variants tr[data-run="{live.training_run_id}"]')
+    expect(live_row.locator("td").nth(4)).to_have_text("1 / 2", timeout=120_000)
+    expect(live_row.locator(".state")).to_have_text("running")
+    expect(page.locator(".facts .state")).to_have_text("running")
+    expect(page.locator("#live")).to_be_visible()
+    # Overrides as columns, in the grid's order.
+    overrides = [row.locator("td.override").all_text_contents() for row in rows.all()]
+    assert overrides == [["0.01", "2"], ["0.01", "4"], ["0.001", "2"]]
+    expect(page.locator("#skipped")).to_contain_text("not today")
+
+    page.evaluate("window.notReloaded = true")
+    (home / "gate-open").touch()
+    expect(live_row.locator("td").nth(4)).to_have_text("2 / 2", timeout=120_000)
+    expect(page.locator(".facts .state")).to_have_text("completed")
+    expect(page.locator("#live")).to_be_hidden()
+    assert page.evaluate("window.notReloaded") is True
+    expect(page.locator('#overlay figure[data-chart="reward"] circle.point')).to_have_count(6)
+
+    for run_id in run_ids:
+        rewards = [
+            row["reward_mean"] for row in read_jsonl(home / "runs" / run_id / "metrics.jsonl")
+        ]
+        row = page.locator(f'#variants tr[data-run="{run_id}"]')
+        expect(row.locator("td.final-reward")).to_have_text(shown(page, rewards[-1]))
+        expect(row.locator("td.best-reward")).to_have_text(shown(page, max(rewards)))
+        expect(row.locator(".state")).to_have_text("completed")
+    assert_overlay(page, home, run_ids, LABELS)
+    eval_chart = page.locator('#overlay figure[data-chart="eval_reward_mean"]')
+    expect(eval_chart.locator("g.series")).to_have_count(3)
+    screenshot(page, "group-page.png")
+
+    page.locator(f'#variants tr[data-run="{run_ids[0]}"] a').click()
+    expect(page.locator("#run-group a")).to_have_text(sweep_site["group_id"])
+    expect(page.locator("#run-group")).to_contain_text("recipe.lr=0.01")
+
+
+def test_runs_ticked_on_the_runs_list_open_overlaid(sweep_site, page):
+    expect = sync_api.expect
+    home, (first, second, _) = sweep_site["home"], sweep_site["run_ids"]
+    chosen = [first, sweep_site["outside"], second]
+    page.goto(sweep_site["url"] + "/")
+    group_row = page.locator(f'#groups tr[data-group="{sweep_site["group_id"]}"]')
+    expect(group_row.locator("a").first).to_have_text("lr-sweep")
+    expect(page.locator("#compare-link")).to_have_text("Compare")
+    for run_id in chosen:
+        page.locator(f'input.select-run[data-run="{run_id}"]').check()
+    expect(page.locator("#compare-link")).to_have_text("Compare 3 runs")
+    expect(page.locator("#compare-bar")).to_contain_text("3 selected")
+    screenshot(page, "runs-page-selected.png")
+    page.locator("#compare-link").click()
+    page.wait_for_url(f"**/compare?runs={','.join(chosen)}")
+    expect(page.locator("#compare-runs tr[data-run]")).to_have_count(3)
+    labels = [run["label"] for run in compare_runs(chosen, home)]
+    assert "name=baseline" in labels[1] and "recipe.lr=0.005" in labels[1]
+    assert_overlay(page, home, chosen, labels)
+    # The run outside the group was never scored on an eval set: two eval lines, not three.
+    eval_chart = page.locator('#overlay figure[data-chart="eval_reward_mean"]')
+    assert [s.get_attribute("data-series") for s in eval_chart.locator("g.series").all()] == [
+        first,
+        second,
+    ]
+    for run_id in chosen:
+        rewards = [
+            row["reward_mean"] for row in read_jsonl(home / "runs" / run_id / "metrics.jsonl")
+        ]
+        row = page.locator(f'#compare-runs tr[data-run="{run_id}"]')
+        expect(row.locator("td.final-reward")).to_have_text(shown(page, rewards[-1]))
+        expect(row.locator("td.best-reward")).to_have_text(shown(page, max(rewards)))
+    expect(page.locator("#live")).to_be_hidden()
+    screenshot(page, "compare-page.png")

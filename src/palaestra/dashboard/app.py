@@ -1,4 +1,5 @@
-"""The dashboard's web app: JSON over the run registry, evals and endpoints, and the page.
+"""The dashboard's web app: JSON over the run registry, groups of runs (sweeps), runs compared
+side by side, evals and endpoints, and the page.
 
 Read-only by construction: every route is a GET that reads the palaestra home, through the run
 store (``palaestra.runs``), which owns every file format it shows. The page is
@@ -10,14 +11,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from palaestra.home import palaestra_home
-from palaestra.runs import records
+from palaestra.runs import groups, records
+from palaestra.runs.compare import compare_runs
 from palaestra.runs.endpoints import list_endpoints
 from palaestra.runs.evals import list_evals, read_eval
 from palaestra.runs.registry import open_run
@@ -42,7 +44,9 @@ def create_app(home: Path | None = None) -> FastAPI:
 
     @app.get("/", include_in_schema=False)
     @app.get("/runs/{run_id}", include_in_schema=False)
-    def page(run_id: str | None = None) -> FileResponse:
+    @app.get("/groups/{group_id}", include_in_schema=False)
+    @app.get("/compare", include_in_schema=False)
+    def page(run_id: str | None = None, group_id: str | None = None) -> FileResponse:
         return FileResponse(STATIC / "index.html", headers=NO_STORE)
 
     @app.get("/api/home")
@@ -68,6 +72,20 @@ def create_app(home: Path | None = None) -> FastAPI:
     @app.get("/api/runs/{run_id}/log", response_class=PlainTextResponse)
     def log(run_id: str, lines: int = Query(200, ge=1, le=5000)) -> PlainTextResponse:
         return PlainTextResponse(found(records.log_tail, run_id, lines), headers=NO_STORE)
+
+    @app.get("/api/groups")
+    def group_list() -> Any:
+        return _json(groups.list_groups(where()))
+
+    @app.get("/api/groups/{group_id}")
+    def group(group_id: str) -> Any:
+        return _json(found(groups.group_detail, group_id))
+
+    @app.get("/api/compare")
+    def compare(runs: str = "", run: Annotated[list[str] | None, Query()] = None) -> Any:
+        """``?runs=a,b,c`` or ``?run=a&run=b``: each run's label, state and metrics."""
+        run_ids = [r.strip() for r in [*runs.split(","), *(run or [])] if r.strip()]
+        return _json(found(compare_runs, run_ids))
 
     @app.get("/api/evals")
     def evals() -> Any:

@@ -1,5 +1,6 @@
-// The dashboard page: the runs list at "/", one run at "/runs/<id>". Data comes from /api/...;
-// a live run is polled until it ends. Text from runs (responses, logs, errors) is only ever
+// The dashboard page: the runs list at "/", one run at "/runs/<id>", a group of runs (a sweep)
+// at "/groups/<id>", runs overlaid at "/compare?runs=a,b". Data comes from /api/...; a page
+// showing a live run is polled until it ends. Text from runs (responses, logs, errors) is only ever
 // set as textContent, never parsed as HTML.
 "use strict";
 
@@ -55,6 +56,13 @@ const fmt = {
 
 const stateBadge = (state) => h("span", { class: `state state-${state}` }, state);
 const runLink = (id) => h("a", { href: `/runs/${encodeURIComponent(id)}` }, id);
+const groupLink = (id, text) => h("a", { href: `/groups/${encodeURIComponent(id)}` }, text || id);
+const compareURL = (ids) => `/compare?runs=${ids.map(encodeURIComponent).join(",")}`;
+const liveState = (state) => state === "running" || state === "pending";
+// Distinct colours for any number of runs: the palette, then hues spread by the golden angle.
+const runColor = (i) => i < COLORS.length ? COLORS[i] : `hsl(${Math.round(i * 137.508) % 360}, 65%, 42%)`;
+const swatch = (color) => h("i", { class: "swatch", style: `background:${color}` });
+const valueText = (v) => v === null || v === undefined ? "–" : typeof v === "object" ? JSON.stringify(v) : String(v);
 const live = (on) => { document.getElementById("live").hidden = !on; };
 
 // One pending poll at a time; a failed fetch (server restarting) tries again next period.
@@ -118,6 +126,22 @@ function endpointsTable(endpoints) {
 
 // Runs page ---------------------------------------------------------------------------------
 
+const selectedRuns = new Set();  // ticked on the runs list; kept while its filters change
+
+function groupsTable(groups) {
+  if (!groups.length) return h("p", { class: "empty" }, "No groups of runs.");
+  const counts = (states) => Object.entries(states).map(([s, n]) => `${n} ${s}`).join(", ");
+  return h("table", { id: "groups" },
+    h("tr", {}, h("th", {}, "group"), h("th", {}, "status"), h("th", {}, "grid"), h("th", {}, "variants"),
+      h("th", { class: "num" }, "best reward"), h("th", {}, "best run"), h("th", {}, "created")),
+    groups.map((g) => h("tr", { "data-group": g.group_id },
+      h("td", {}, groupLink(g.group_id, g.name || g.group_id), h("div", { class: "mono muted" }, g.group_id)),
+      h("td", {}, stateBadge(g.state)), h("td", { class: "mono" }, (g.axes || []).join(", ")),
+      h("td", {}, `${g.variants}` + (g.variants ? ` (${counts(g.states)})` : "") + (g.skipped ? `, ${g.skipped} skipped` : "")),
+      h("td", { class: "num" }, fmt.num(g.best_reward)), h("td", { class: "mono" }, g.best_run_id ? runLink(g.best_run_id) : "–"),
+      h("td", {}, fmt.time(g.created_at)))));
+}
+
 async function runsPage() {
   const app = document.getElementById("app");
   const status = new URLSearchParams(location.search).get("status") || "";
@@ -126,14 +150,36 @@ async function runsPage() {
       history.replaceState(null, "", s ? `/?status=${s}` : "/");
       runsPage();
     } }, s || "all")));
+  const compareBar = h("div", { class: "toolbar", id: "compare-bar" });
   const body = h("div", {});
-  app.replaceChildren(h("h1", {}, "Runs"), filters, body);
+  app.replaceChildren(h("h1", {}, "Runs"), filters, compareBar, body);
   const view = newView();
+
+  function showSelection() {
+    const ids = [...selectedRuns];
+    const clear = h("a", { href: "#", onclick: (ev) => {
+      ev.preventDefault();
+      selectedRuns.clear();
+      for (const box of body.querySelectorAll("input.select-run")) box.checked = false;
+      showSelection();
+    } }, "clear");
+    compareBar.replaceChildren(ids.length >= 2
+      ? h("a", { id: "compare-link", class: "button", href: compareURL(ids) }, `Compare ${ids.length} runs`)
+      : h("span", { id: "compare-link", class: "button disabled" }, "Compare"),
+    h("span", { class: "muted" }, ids.length ? `${ids.length} selected` : "tick two or more runs to compare them"),
+    ...(ids.length ? [clear] : []));
+  }
+  const selectBox = (id) => h("input", { type: "checkbox", class: "select-run", "data-run": id,
+    checked: selectedRuns.has(id), "aria-label": `select ${id}`, onchange: (ev) => {
+      if (ev.target.checked) selectedRuns.add(id); else selectedRuns.delete(id);
+      showSelection();
+    } });
+  showSelection();
 
   async function refresh() {
     const query = status ? `?status=${encodeURIComponent(status)}` : "";
-    const [runs, endpoints, evals] = await Promise.all([
-      getJSON(`/api/runs${query}`), getJSON("/api/endpoints"), getJSON("/api/evals")]);
+    const [runs, endpoints, evals, groups] = await Promise.all([
+      getJSON(`/api/runs${query}`), getJSON("/api/endpoints"), getJSON("/api/evals"), getJSON("/api/groups")]);
     if (view !== currentView) return;
     const evalsByRun = {};
     for (const e of evals) if (e.run_id) (evalsByRun[e.run_id] ||= []).push(e);
@@ -141,16 +187,17 @@ async function runsPage() {
       h("tr", {}, h("th", {}, "run"), h("th", {}, "status"), h("th", {}, "model"), h("th", {}, "dataset"),
         h("th", { class: "num" }, "step"), h("th", { class: "num" }, "reward"), h("th", {}, "started"),
         h("th", { class: "num" }, "duration"), h("th", { class: "num" }, "eval")),
-      runs.map((r) => h("tr", { "data-run": r.run_id }, h("td", { class: "mono" }, runLink(r.run_id)),
+      runs.map((r) => h("tr", { "data-run": r.run_id }, h("td", { class: "mono" }, selectBox(r.run_id), " ", runLink(r.run_id)),
         h("td", {}, stateBadge(r.state)), h("td", {}, r.model), h("td", {}, r.dataset),
         h("td", { class: "num" }, fmt.steps(r)), h("td", { class: "num" }, fmt.num(r.reward_mean)),
         h("td", {}, fmt.time(r.started_at || r.created_at)), h("td", { class: "num" }, fmt.duration(r.duration_s)),
         h("td", { class: "num" }, evalsByRun[r.run_id] ? fmt.num(evalsByRun[r.run_id][0].mean) : "–"))));
     body.replaceChildren(
       runs.length ? table : h("p", { class: "empty" }, status ? `No ${status} runs.` : "No runs yet."),
+      h("h2", {}, "Groups"), groupsTable(groups),
       h("h2", {}, "Endpoints"), endpointsTable(endpoints),
       h("h2", {}, "Base-model evals"), evalsTable(evals.filter((e) => !e.run_id), true));
-    const anyLive = runs.some((r) => r.state === "running" || r.state === "pending");
+    const anyLive = runs.some((r) => liveState(r.state)) || groups.some((g) => liveState(g.state));
     live(anyLive);
     poll(refresh, anyLive ? POLL_MS : 3 * POLL_MS);
   }
@@ -309,6 +356,9 @@ async function runPage(runId) {
         h("div", {}, h("span", {}, "reward"), fmt.num(last.reward_mean)),
         h("div", {}, h("span", {}, "model"), run.model),
         h("div", {}, h("span", {}, "dataset"), run.dataset),
+        run.group_id ? h("div", { id: "run-group" }, h("span", {}, "group"), groupLink(run.group_id),
+          run.group_overrides ? h("span", { class: "mono" }, " " + Object.entries(run.group_overrides)
+            .map(([k, v]) => `${k}=${valueText(v)}`).join(", ")) : null) : null,
         h("div", {}, h("span", {}, "started"), fmt.time(run.started_at || run.created_at)),
         h("div", {}, h("span", {}, "duration"), fmt.duration(run.duration_s)),
         last.step_s ? h("div", {}, h("span", {}, "last step"), fmt.duration(last.step_s)) : null));
@@ -341,11 +391,143 @@ async function runPage(runId) {
   await refresh();
 }
 
+// Runs overlaid: the compare page and a group's page -----------------------------------------
+
+// runs: /api/compare's answer, each given its colour. One chart per metric, a line per run, and
+// one legend naming each run by its label (the config fields that set it apart).
+function renderOverlay(container, runs) {
+  const evalKeys = [...new Set(runs.flatMap((r) => r.metrics.flatMap((m) =>
+    Object.keys(m).filter((k) => k.startsWith("eval_") && typeof m[k] === "number"))))].sort();
+  const charts = [{ id: "reward", title: "Reward (mean)", key: "reward_mean" }, { id: "loss", title: "Loss", key: "loss" },
+    ...evalKeys.map((key) => ({ id: key, title: `Eval: ${key.slice(5)}`, key }))];
+  const figures = [];
+  for (const chart of charts) {
+    const series = runs.map((r) => ({ name: r.run_id, label: r.label, color: r.color, points: points(r.metrics, chart.key) }))
+      .filter((s) => s.points.length);
+    if (series.length) {
+      figures.push(h("figure", { class: "chart", "data-chart": chart.id, "data-key": chart.key },
+        h("figcaption", {}, chart.title), PalaestraChart.line(series)));
+    }
+  }
+  const legend = h("div", { class: "legend run-legend", id: "overlay-legend" }, runs.map((r) =>
+    h("span", { "data-run": r.run_id }, h("i", { style: `background:${r.color}` }), r.label)));
+  container.replaceChildren(legend, figures.length ? h("div", { class: "charts" }, figures) : h("p", { class: "empty" }, "No steps yet."));
+}
+
+function rewards(metrics) {
+  return metrics.map((m) => m.reward_mean).filter((v) => typeof v === "number");
+}
+
+async function comparePage(runIds) {
+  const app = document.getElementById("app");
+  const table = h("div", {}), overlay = h("div", { id: "overlay" });
+  app.replaceChildren(h("h1", {}, "Compare runs"), table, overlay);
+  document.title = "compare · palaestra";
+  const view = newView();
+  if (!runIds.length) {
+    table.replaceChildren(h("p", { class: "empty" }, "No runs chosen: tick runs on the runs list, then Compare."));
+    return;
+  }
+  async function refresh() {
+    let runs;
+    try {
+      runs = await getJSON(`/api/compare?runs=${runIds.map(encodeURIComponent).join(",")}`);
+    } catch (error) {
+      table.replaceChildren(h("div", { class: "error" }, h("strong", {}, "Cannot compare these runs. "), error.message));
+      return;
+    }
+    if (view !== currentView) return;
+    runs.forEach((r, i) => { r.color = runColor(i); });
+    table.replaceChildren(h("table", { id: "compare-runs" },
+      h("tr", {}, h("th", {}, "run"), h("th", {}, "label"), h("th", {}, "status"), h("th", { class: "num" }, "steps"),
+        h("th", { class: "num" }, "final reward"), h("th", { class: "num" }, "best reward")),
+      runs.map((r) => {
+        const got = rewards(r.metrics), last = r.metrics[r.metrics.length - 1];
+        return h("tr", { "data-run": r.run_id }, h("td", { class: "mono" }, swatch(r.color), " ", runLink(r.run_id)),
+          h("td", { class: "mono run-label" }, r.label), h("td", {}, stateBadge(r.state)),
+          h("td", { class: "num" }, last ? last.step : "–"),
+          h("td", { class: "num final-reward" }, fmt.num(got.length ? got[got.length - 1] : null)),
+          h("td", { class: "num best-reward" }, fmt.num(got.length ? Math.max(...got) : null)));
+      })));
+    renderOverlay(overlay, runs);
+    const anyLive = runs.some((r) => liveState(r.state));
+    live(anyLive);
+    if (anyLive) poll(refresh);
+  }
+  await refresh();
+}
+
+async function groupPage(groupId) {
+  const app = document.getElementById("app");
+  const header = h("div", {}), variants = h("div", {}), overlay = h("div", { id: "overlay" }), about = h("div", {});
+  app.replaceChildren(header, h("h2", {}, "Variants"), variants, h("h2", {}, "Curves"), overlay, about);
+  document.title = `${groupId} · palaestra`;
+  const view = newView();
+  async function refresh() {
+    let group;
+    try {
+      group = await getJSON(`/api/groups/${encodeURIComponent(groupId)}`);
+    } catch (error) {
+      app.replaceChildren(h("h1", {}, groupId), h("div", { class: "error" }, h("strong", {}, "Cannot show this group. "), error.message));
+      return;
+    }
+    const rows = group.variants.slice().sort((a, b) => a.index - b.index);
+    let runs = [], overlayError = null;
+    if (rows.length) {
+      try {
+        runs = await getJSON(`/api/compare?runs=${rows.map((v) => encodeURIComponent(v.run_id)).join(",")}`);
+      } catch (error) { overlayError = error; }
+    }
+    if (view !== currentView) return;
+    const colors = Object.fromEntries(rows.map((v, i) => [v.run_id, runColor(i)]));
+    runs.forEach((r) => { r.color = colors[r.run_id]; });
+    const axes = group.axes || Object.keys(group.grid || {});
+    const anyError = rows.some((v) => v.error);
+    header.replaceChildren(h("h1", {}, group.name || group.group_id),
+      h("div", { class: "facts" },
+        h("div", {}, stateBadge(group.state)),
+        h("div", {}, h("span", {}, "group"), h("span", { class: "mono", id: "group-id" }, group.group_id)),
+        h("div", {}, h("span", {}, "variants"), rows.length),
+        h("div", {}, h("span", {}, "at once"), group.max_parallel ?? "–"),
+        h("div", {}, h("span", {}, "created"), fmt.time(group.created_at)),
+        rows.length ? h("div", {}, h("a", { href: compareURL(rows.map((v) => v.run_id)) }, "open in compare")) : null),
+      h("table", { class: "kv", id: "grid" }, Object.entries(group.grid || {}).map(([field, values]) =>
+        h("tr", {}, h("td", { class: "mono" }, field), h("td", { class: "mono" }, values.map(valueText).join(", "))))));
+    variants.replaceChildren(rows.length ? h("table", { id: "variants" },
+      h("tr", {}, h("th", { class: "num" }, "#"), axes.map((a) => h("th", { class: "mono" }, a)), h("th", {}, "status"),
+        h("th", { class: "num" }, "step"), h("th", { class: "num" }, "final reward"), h("th", { class: "num" }, "best reward"),
+        h("th", {}, "run"), anyError ? h("th", {}, "error") : null),
+      rows.map((v) => h("tr", { "data-run": v.run_id, "data-index": v.index },
+        h("td", { class: "num" }, swatch(colors[v.run_id]), " ", v.index + 1),
+        axes.map((a) => h("td", { class: "mono override", "data-field": a }, valueText((v.overrides || {})[a]))),
+        h("td", {}, stateBadge(v.state)), h("td", { class: "num" }, fmt.steps(v)),
+        h("td", { class: "num final-reward" }, fmt.num(v.final_reward)), h("td", { class: "num best-reward" }, fmt.num(v.best_reward)),
+        h("td", { class: "mono" }, runLink(v.run_id)), anyError ? h("td", { class: "variant-error" }, v.error || "") : null)))
+      : h("p", { class: "empty" }, "No variants."));
+    if (overlayError) overlay.replaceChildren(h("div", { class: "error" }, h("strong", {}, "Cannot overlay the variants. "), overlayError.message));
+    else renderOverlay(overlay, runs);
+    const skipped = group.skipped || [];
+    about.replaceChildren(...(skipped.length ? [h("h2", {}, "Skipped combinations"), h("table", { id: "skipped" },
+      h("tr", {}, h("th", {}, "values"), h("th", {}, "why")),
+      skipped.map((s) => h("tr", {}, h("td", { class: "mono" }, valueText(s.overrides)), h("td", {}, s.error))))] : []));
+    const anyLive = liveState(group.state) || rows.some((v) => liveState(v.state));
+    live(anyLive);
+    if (anyLive) poll(refresh);
+  }
+  await refresh();
+}
+
 async function main() {
   getJSON("/api/home").then((info) => { document.getElementById("home-path").textContent = info.home; });
-  const match = location.pathname.match(/^\/runs\/([^/]+)\/?$/);
-  if (match) await runPage(decodeURIComponent(match[1]));
-  else await runsPage();
+  const path = location.pathname;
+  const run = path.match(/^\/runs\/([^/]+)\/?$/), group = path.match(/^\/groups\/([^/]+)\/?$/);
+  if (run) await runPage(decodeURIComponent(run[1]));
+  else if (group) await groupPage(decodeURIComponent(group[1]));
+  else if (/^\/compare\/?$/.test(path)) {
+    const params = new URLSearchParams(location.search);
+    const ids = [...(params.get("runs") || "").split(","), ...params.getAll("run")].map((id) => id.trim()).filter(Boolean);
+    await comparePage([...new Set(ids)]);
+  } else await runsPage();
 }
 
 main();

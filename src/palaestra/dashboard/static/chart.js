@@ -1,5 +1,6 @@
 // Line charts over training steps, drawn as SVG: lines, a point per step, optional bands.
-// Small on purpose: the dashboard needs steps on x, a few series on y, and nothing else.
+// Small on purpose: the dashboard needs steps on x, a few series on y (several runs overlaid
+// on shared axes when comparing), and nothing else.
 "use strict";
 
 const PalaestraChart = (() => {
@@ -19,9 +20,11 @@ const PalaestraChart = (() => {
     const raw = span / Math.max(count, 1);
     const power = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) || raw;
+    // Multiples of the step, not a running sum: adding 0.2 five times to 1 passes 2 and would
+    // drop the last tick.
     const out = [];
-    for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) {
-      out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+    for (let i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9; i++) {
+      out.push(+(i * step).toPrecision(12));
     }
     return out;
   }
@@ -39,7 +42,8 @@ const PalaestraChart = (() => {
     return [lo, hi];
   }
 
-  // series: [{name, color, points: [[x, y], ...]}]; bands: [{color, lo: [[x, y]], hi: [[x, y]]}]
+  // series: [{name, label?, color, points: [[x, y], ...]}] (name: the data-series attribute,
+  // label: what a point's tooltip calls it); bands: [{color, lo: [[x, y]], hi: [[x, y]]}]
   function line(series, bands) {
     bands = bands || [];
     const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
@@ -78,7 +82,7 @@ const PalaestraChart = (() => {
       for (const [x, y] of s.points) {
         const dot = el("circle", { class: "point", cx: px(x), cy: py(y), r: 2.6, fill: s.color,
           "data-step": x, "data-value": y }, g);
-        el("title", {}, dot).textContent = `${s.name} at step ${x}: ${format(y)}`;
+        el("title", {}, dot).textContent = `${s.label || s.name} at step ${x}: ${format(y)}`;
       }
     }
     return svg;
