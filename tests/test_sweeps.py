@@ -98,6 +98,17 @@ def test_train_runs_each_variant_as_a_tagged_run_and_records_the_group(base, hom
     summary = groups.list_groups()[0]
     assert summary["group_id"] == group.group_id
     assert summary["states"] == {"completed": 2} and summary["variants"] == 2
+    # The dashboard shows the group the sweep recorded, and compares its runs by their lr.
+    from fastapi.testclient import TestClient
+
+    from palaestra.dashboard.app import create_app
+
+    client = TestClient(create_app(home))
+    shown = client.get(f"/api/groups/{group.group_id}").json()
+    assert [v["run_id"] for v in shown["variants"]] == [v["run_id"] for v in detail["variants"]]
+    ids = ",".join(v["run_id"] for v in detail["variants"])
+    labels = [run["label"] for run in client.get(f"/api/compare?runs={ids}").json()]
+    assert labels == ["recipe.lr=0.01", "recipe.lr=0.001"]
 
 
 def test_a_failing_variant_without_continue_on_error_leaves_the_rest_unstarted(base):
