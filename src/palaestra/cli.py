@@ -381,7 +381,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.authenticated and api_key is None:
         api_key = f"pal-{secrets.token_urlsafe(24)}"
         print(f"API key: {api_key}")
-    serve_in_foreground(args.target, args.host, args.port, args.name, api_key)
+    serve_in_foreground(
+        args.target, args.host, args.port, args.name, api_key, args.max_request_bytes
+    )
     return 0
 
 
@@ -552,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", help="require this key (Authorization: Bearer KEY)")
     serve.add_argument(
         "--authenticated", action="store_true", help="require a generated key, printed at start"
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="refuse request bodies over this size with 413 (default 4 MiB)",
     )
     serve.set_defaults(handler=cmd_serve)
 

@@ -19,10 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from palaestra.models.config import ModelConfig
 from palaestra.rollout import GenerationRequest, SamplingParams
 from palaestra.serve.batcher import Batcher
+from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard, error_body
 from palaestra.serve.streaming import stream_requests
 from palaestra.types import Completion
 
@@ -42,12 +44,9 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "not_found_error"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error"
-        )
-        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        body = error_body(self.status, self.message, self.code, self.param)
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 class _Request(BaseModel):
@@ -119,12 +118,33 @@ class State:
         self.started = int(time.time())
 
 
-def create_app(state: State, api_key: str | None = None) -> FastAPI:
-    app = FastAPI(title="palaestra", docs_url=None, redoc_url=None)
+def create_app(
+    state: State, api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> FastAPI:
+    """The app over ``state``; ``api_key`` required on /v1/ when set; request bodies over
+    ``max_request_bytes`` refused (413)."""
+    app = FastAPI(title="palaestra", docs_url=None, redoc_url=None, openapi_url=None)
+    # Added first, so it runs after the key check: a request without the key is refused
+    # before its body is read.
+    app.add_middleware(RequestGuard, max_request_bytes=max_request_bytes)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError):
         return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException):
+        # Unknown routes (404) and methods (405) in the same shape as every other error.
+        if error.status_code == 404:
+            message = f"no route {request.url.path}; this endpoint serves /v1/chat/completions, "
+            message += "/v1/completions, /v1/models and /health"
+        elif error.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(error.detail)
+        headers = dict(error.headers) if error.headers else None  # 405 says what is allowed
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+        return APIError(error.status_code, message, code=code).response(headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError):

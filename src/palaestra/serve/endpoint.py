@@ -19,6 +19,7 @@ from palaestra.models.config import ModelConfig
 from palaestra.runs.endpoints import endpoint_files, new_record, read_records
 from palaestra.runs.liveness import pid_alive
 from palaestra.runs.logs import last_lines
+from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
 
 
 class EndpointError(RuntimeError):
@@ -65,12 +66,13 @@ class Endpoint:
         host: str = "127.0.0.1",
         port: int | None = None,
         bind_timeout: float = 60.0,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> Endpoint:
         """Serve ``model`` (the base weights, or ``checkpoint``'s: a Checkpoint or a path) in a
         new process. Returns once the port is bound; ``wait_until_ready`` waits for the model.
 
         An endpoint already serving ``name`` is reused, or with ``recreate_if_existing``
-        stopped and replaced.
+        stopped and replaced. Request bodies over ``max_request_bytes`` are refused (413).
         """
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
@@ -94,6 +96,7 @@ class Endpoint:
                 "checkpoint": info["checkpoint"],
                 "host": host,
                 "port": port,
+                "max_request_bytes": max_request_bytes,
             }
         )
         # The key travels in the environment, not on the command line, where ps shows it.

@@ -28,6 +28,7 @@ from palaestra.models.catalogue import find_catalogue_model
 from palaestra.models.config import ModelConfig
 from palaestra.serve.app import ServedModel, State, create_app
 from palaestra.serve.batcher import Batcher
+from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
 
 
 def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> ServedModel:
@@ -65,6 +66,7 @@ def serve(
     port: int = 0,
     api_key: str | None = None,
     on_bound=None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C. ``on_bound(url)`` runs once the port is bound."""
     import uvicorn
@@ -95,7 +97,8 @@ def serve(
         print(f"palaestra: {name} ready in {time.monotonic() - started:.1f} s", flush=True)
 
     threading.Thread(target=load, name="palaestra-load", daemon=True).start()
-    config = uvicorn.Config(create_app(state, api_key), log_level="warning", access_log=False)
+    app = create_app(state, api_key, max_request_bytes)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
@@ -132,7 +135,12 @@ def resolve_target(target: str) -> tuple[ModelConfig, str | None]:
 
 
 def serve_in_foreground(
-    target: str, host: str, port: int, name: str | None = None, api_key: str | None = None
+    target: str,
+    host: str,
+    port: int,
+    name: str | None = None,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
     """``palaestra serve``: serve ``target`` until Ctrl-C, listed among the endpoints."""
     from palaestra.runs.endpoints import endpoint_files, new_record
@@ -158,7 +166,7 @@ def serve_in_foreground(
         )
 
     try:
-        serve(name, model, checkpoint_path, host, port, api_key, on_bound)
+        serve(name, model, checkpoint_path, host, port, api_key, on_bound, max_request_bytes)
     finally:
         files.record.unlink(missing_ok=True)
 
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         spec.get("port") or 0,
         os.environ.pop("PALAESTRA_API_KEY", None),
         on_bound,
+        spec.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
     )
 
 

@@ -1,0 +1,158 @@
+"""Malformed requests get OpenAI-shaped errors before anything reaches the model, and a huge
+request does not hold up anyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from palaestra import ModelConfig
+from palaestra.serve import Endpoint
+from palaestra.serve.app import State, create_app
+from palaestra.serve.guard import MAX_DEPTH, check_body, depth
+
+JSON = {"content-type": "application/json"}
+CHAT = "/v1/chat/completions"
+
+
+class Unloaded(State):
+    """An app state whose model never loads: a request that got past the checks would be
+    answered 503 model_loading, so any other answer came from the checks."""
+
+
+@pytest.fixture
+def app():
+    return TestClient(create_app(Unloaded("m"), max_request_bytes=1000))
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    "content, headers, status, code",
+    [
+        (b'{"model": ', JSON, 400, "invalid_json"),
+        (b"", JSON, 400, "invalid_json"),
+        (b'{"model": "\xff\xfe"}', JSON, 400, "invalid_encoding"),
+        # 65 arrays deep fits in the size limit but not the depth limit; 5000 deep would
+        # overflow Python's own parser (RecursionError), caught the same way.
+        (b'{"messages":' + b"[" * 65 + b"]" * 65 + b"}", JSON, 400, "too_deeply_nested"),
+        (b'{"a": "' + b"x" * 2000 + b'"}', JSON, 413, "request_too_large"),
+        (b"a=b", {"content-type": "application/x-www-form-urlencoded"}, 415, None),
+        (b"a", {"content-type": "text/plain"}, 415, "unsupported_media_type"),
+    ],
+)
+def test_malformed_bodies_get_openai_errors_before_the_model(app, content, headers, status, code):
+    response = app.post(CHAT, content=content, headers=headers)
+    assert response.status_code == status
+    error = error_of(response)
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == (code or "unsupported_media_type")
+
+
+def test_json_nested_thousands_deep_is_refused_not_crashed():
+    problem = check_body(b"[" * 100_000 + b"]" * 100_000)
+    assert problem == (
+        f"the request body nests deeper than {MAX_DEPTH} levels",
+        "too_deeply_nested",
+    )
+    # Hand-counted depths: a scalar 0, [] 1, {"a": [1]} 2, [[[]]] 3.
+    assert [depth(v) for v in (5, [], {"a": [1]}, [[[]]])] == [0, 1, 2, 3]
+
+
+def test_a_body_at_the_limit_passes_and_one_byte_more_does_not(app):
+    head, tail = b'{"messages": [{"role": "user", "content": "', b'"}]}'
+    body = head + b"x" * (1000 - len(head) - len(tail)) + tail
+    assert len(body) == 1000
+    # Past the checks: the model is not loaded, so the app answers 503 model_loading.
+    response = app.post(CHAT, content=body, headers=JSON)
+    assert response.status_code == 503 and error_of(response)["code"] == "model_loading"
+    longer = head + b"x" * (1001 - len(head) - len(tail)) + tail
+    assert app.post(CHAT, content=longer, headers=JSON).status_code == 413
+
+
+def test_unknown_routes_and_methods_are_openai_errors(app):
+    missing = app.get("/v1/embeddings")
+    assert missing.status_code == 404
+    assert error_of(missing)["code"] == "not_found" and "/v1/embeddings" in missing.text
+    wrong = app.delete(CHAT)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert error_of(wrong)["message"] == f"DELETE is not allowed on {CHAT}"
+
+
+def test_an_unauthenticated_request_is_refused_before_its_body_is_read():
+    locked = TestClient(create_app(Unloaded("m"), api_key="k", max_request_bytes=1000))
+    huge = b'{"a": "' + b"x" * 5000 + b'"}'
+    response = locked.post(CHAT, content=huge, headers=JSON)
+    assert response.status_code == 401  # not 413: the key is checked first
+    assert error_of(response)["code"] == "invalid_api_key"
+
+
+def test_a_ten_megabyte_body_does_not_hold_up_the_server(tmp_path, monkeypatch, tiny_model_dir):
+    monkeypatch.setenv("PALAESTRA_HOME", str(tmp_path / "home"))
+    endpoint = Endpoint.launch(ModelConfig(name="tiny", source=str(tiny_model_dir)), name="guard")
+    try:
+        endpoint.wait_until_ready(timeout=120)
+        host, port = endpoint.url.removeprefix("http://").split(":")
+        # Told the size up front: refused at once, without reading the body.
+        told = httpx.post(
+            f"{endpoint.url}{CHAT}", content=b"x" * (10 * 1024 * 1024), headers=JSON, timeout=30
+        )
+        assert told.status_code == 413 and error_of(told)["code"] == "request_too_large"
+
+        # Not told (chunked), and sent slowly: refused once 4 MiB have come in, while
+        # /health keeps answering within a second throughout.
+        answers: list[bytes] = []
+
+        def upload() -> None:
+            with socket.create_connection((host, int(port))) as conn:
+                conn.sendall(
+                    f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n".encode()
+                )
+                chunk = b"x" * (256 * 1024)
+                try:
+                    for _ in range(40):  # 10 MiB in 256 KiB chunks
+                        conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        time.sleep(0.05)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused and closed mid-upload
+                conn.settimeout(10)
+                try:
+                    answers.append(conn.recv(65536))
+                except (ConnectionResetError, TimeoutError):
+                    answers.append(b"")
+
+        sender = threading.Thread(target=upload)
+        sender.start()
+        slowest = 0.0
+        while sender.is_alive():
+            started = time.monotonic()
+            assert httpx.get(f"{endpoint.url}/health", timeout=5).status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        sender.join()
+        assert slowest < 1.0
+        assert answers and answers[0].startswith(b"HTTP/1.1 413"), answers[:1]
+        assert json.loads(answers[0].split(b"\r\n\r\n", 1)[1])["error"]["code"] == (
+            "request_too_large"
+        )
+        # And it still serves.
+        ok = httpx.post(
+            f"{endpoint.url}{CHAT}",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            timeout=60,
+        )
+        assert ok.status_code == 200
+    finally:
+        endpoint.stop()
