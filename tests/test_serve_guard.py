@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -98,61 +99,89 @@ def test_an_unauthenticated_request_is_refused_before_its_body_is_read():
     assert error_of(response)["code"] == "invalid_api_key"
 
 
-def test_a_ten_megabyte_body_does_not_hold_up_the_server(tmp_path, monkeypatch, tiny_model_dir):
-    monkeypatch.setenv("PALAESTRA_HOME", str(tmp_path / "home"))
-    endpoint = Endpoint.launch(ModelConfig(name="tiny", source=str(tiny_model_dir)), name="guard")
-    try:
-        endpoint.wait_until_ready(timeout=120)
-        host, port = endpoint.url.removeprefix("http://").split(":")
-        # Told the size up front: refused at once, without reading the body.
-        told = httpx.post(
-            f"{endpoint.url}{CHAT}", content=b"x" * (10 * 1024 * 1024), headers=JSON, timeout=30
-        )
-        assert told.status_code == 413 and error_of(told)["code"] == "request_too_large"
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, tiny_model_dir):
+    """A real endpoint process that holds at most 2 requests at once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PALAESTRA_HOME", str(tmp_path_factory.mktemp("guard-home")))
+        model = ModelConfig(name="tiny", source=str(tiny_model_dir))
+        endpoint = Endpoint.launch(model, name="guard", max_queued_requests=2)
+        try:
+            endpoint.wait_until_ready(timeout=120)
+            yield endpoint
+        finally:
+            endpoint.stop()
 
-        # Not told (chunked), and sent slowly: refused once 4 MiB have come in, while
-        # /health keeps answering within a second throughout.
-        answers: list[bytes] = []
 
-        def upload() -> None:
-            with socket.create_connection((host, int(port))) as conn:
-                conn.sendall(
-                    f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    "Transfer-Encoding: chunked\r\n\r\n".encode()
-                )
-                chunk = b"x" * (256 * 1024)
-                try:
-                    for _ in range(40):  # 10 MiB in 256 KiB chunks
-                        conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        time.sleep(0.05)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # refused and closed mid-upload
-                conn.settimeout(10)
-                try:
-                    answers.append(conn.recv(65536))
-                except (ConnectionResetError, TimeoutError):
-                    answers.append(b"")
+def test_a_flood_past_the_queue_gets_503_with_retry_after_and_nothing_is_lost(guarded):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "temperature": 1}
 
-        sender = threading.Thread(target=upload)
-        sender.start()
-        slowest = 0.0
-        while sender.is_alive():
-            started = time.monotonic()
-            assert httpx.get(f"{endpoint.url}/health", timeout=5).status_code == 200
-            slowest = max(slowest, time.monotonic() - started)
-            time.sleep(0.05)
-        sender.join()
-        assert slowest < 1.0
-        assert answers and answers[0].startswith(b"HTTP/1.1 413"), answers[:1]
-        assert json.loads(answers[0].split(b"\r\n\r\n", 1)[1])["error"]["code"] == (
-            "request_too_large"
-        )
-        # And it still serves.
-        ok = httpx.post(
-            f"{endpoint.url}{CHAT}",
-            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-            timeout=60,
-        )
-        assert ok.status_code == 200
-    finally:
-        endpoint.stop()
+    def ask(_) -> httpx.Response:
+        return httpx.post(f"{guarded.url}{CHAT}", json=body, timeout=120)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(16)))
+    statuses = [answer.status_code for answer in answers]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 2, statuses
+    refused = [answer for answer in answers if answer.status_code == 503]
+    assert refused, "16 requests at once into a queue of 2: some must be refused"
+    for answer in refused:
+        assert error_of(answer)["code"] == "overloaded"
+        assert int(answer.headers["retry-after"]) >= 1
+    for answer in answers:
+        if answer.status_code == 200:
+            assert answer.json()["choices"][0]["finish_reason"] in {"stop", "length"}
+    assert ask(0).status_code == 200  # room again once the flood has drained
+
+
+def test_a_ten_megabyte_body_does_not_hold_up_the_server(guarded):
+    endpoint = guarded
+    host, port = endpoint.url.removeprefix("http://").split(":")
+    # Told the size up front: refused at once, without reading the body.
+    told = httpx.post(
+        f"{endpoint.url}{CHAT}", content=b"x" * (10 * 1024 * 1024), headers=JSON, timeout=30
+    )
+    assert told.status_code == 413 and error_of(told)["code"] == "request_too_large"
+
+    # Not told (chunked), and sent slowly: refused once 4 MiB have come in, while /health
+    # keeps answering within a second throughout.
+    answers: list[bytes] = []
+
+    def upload() -> None:
+        with socket.create_connection((host, int(port))) as conn:
+            conn.sendall(
+                f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+            )
+            chunk = b"x" * (256 * 1024)
+            try:
+                for _ in range(40):  # 10 MiB in 256 KiB chunks
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed mid-upload
+            conn.settimeout(10)
+            try:
+                answers.append(conn.recv(65536))
+            except (ConnectionResetError, TimeoutError):
+                answers.append(b"")
+
+    sender = threading.Thread(target=upload)
+    sender.start()
+    slowest = 0.0
+    while sender.is_alive():
+        started = time.monotonic()
+        assert httpx.get(f"{endpoint.url}/health", timeout=5).status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.05)
+    sender.join()
+    assert slowest < 1.0
+    assert answers and answers[0].startswith(b"HTTP/1.1 413"), answers[:1]
+    assert json.loads(answers[0].split(b"\r\n\r\n", 1)[1])["error"]["code"] == ("request_too_large")
+    # And it still serves.
+    ok = httpx.post(
+        f"{endpoint.url}{CHAT}",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        timeout=60,
+    )
+    assert ok.status_code == 200

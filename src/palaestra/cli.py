@@ -382,7 +382,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key = f"pal-{secrets.token_urlsafe(24)}"
         print(f"API key: {api_key}")
     serve_in_foreground(
-        args.target, args.host, args.port, args.name, api_key, args.max_request_bytes
+        args.target,
+        args.host,
+        args.port,
+        args.name,
+        api_key,
+        args.max_request_bytes,
+        args.max_queued_requests,
     )
     return 0
 
@@ -560,6 +566,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4 * 1024 * 1024,
         help="refuse request bodies over this size with 413 (default 4 MiB)",
+    )
+    serve.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="requests held at once before new ones get 503 + Retry-After (default 256)",
     )
     serve.set_defaults(handler=cmd_serve)
 

@@ -10,6 +10,7 @@ once: ``/health`` says 503 until the model is ready, then 200.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -39,14 +40,20 @@ class APIError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         body = error_body(self.status, self.message, self.code, self.param)
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return JSONResponse(body, status_code=self.status, headers=headers or self.headers)
 
 
 class _Request(BaseModel):
@@ -109,10 +116,17 @@ class ServedModel:
     max_context: int
 
 
-class State:
-    """The app's mutable state: the model, once loaded."""
+DEFAULT_MAX_QUEUED_REQUESTS = 256
+"""Requests waiting or generating at once before new ones are refused (503, Retry-After)."""
 
-    def __init__(self, name: str) -> None:
+
+class State:
+    """The app's mutable state: the model, once loaded, and how many requests it may hold."""
+
+    def __init__(self, name: str, max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS) -> None:
+        if max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {max_queued_requests}")
+        self.max_queued_requests = max_queued_requests
         self.name = name
         self.served: ServedModel | None = None
         self.started = int(time.time())
@@ -247,6 +261,17 @@ def _served(state: State, model: str | None) -> ServedModel:
             f"model {model!r} is not served here; this endpoint serves {state.name!r}",
             param="model",
             code="model_not_found",
+        )
+    batcher = state.served.batcher
+    if batcher.in_flight >= state.max_queued_requests:
+        # Bounded: a flood gets a clean refusal it can retry instead of an ever longer wait.
+        retry = max(1, math.ceil(batcher.last_pass_s))
+        raise APIError(
+            503,
+            f"this endpoint already holds {batcher.in_flight} requests (max_queued_requests="
+            f"{state.max_queued_requests}); retry after {retry} s",
+            code="overloaded",
+            headers={"Retry-After": str(retry)},
         )
     return state.served
 

@@ -36,6 +36,10 @@ class Batcher:
         self.passes = 0
         """Generation passes run so far; with ``rows`` it shows how well requests batch."""
         self.rows = 0
+        self.in_flight = 0
+        """Requests submitted and not yet answered (waiting or generating)."""
+        self.last_pass_s = 0.0
+        """How long the latest generation pass took."""
         self._closed = False
         self._thread.start()
 
@@ -44,8 +48,12 @@ class Batcher:
         if self._closed:
             raise RuntimeError("the server is shutting down")
         future: Future = Future()
-        self._queue.put((request, future))
-        return await asyncio.wrap_future(future)
+        self.in_flight += 1  # on the event loop only, so no lock
+        try:
+            self._queue.put((request, future))
+            return await asyncio.wrap_future(future)
+        finally:
+            self.in_flight -= 1
 
     def close(self) -> None:
         self._closed = True
@@ -88,11 +96,13 @@ class Batcher:
         ]
         if not live:
             return
+        started = time.monotonic()
         try:
             results = self.generate([request for request, _ in live])
         except BaseException as error:  # noqa: BLE001 - handed to every waiting request
             self._fail(live, error)
             return
+        self.last_pass_s = time.monotonic() - started
         self.passes += 1
         self.rows += sum(request.n for request, _ in live)
         for (_, future), completions in zip(live, results, strict=True):

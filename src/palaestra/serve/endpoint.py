@@ -67,12 +67,15 @@ class Endpoint:
         port: int | None = None,
         bind_timeout: float = 60.0,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_queued_requests: int = 256,  # serve.app.DEFAULT_MAX_QUEUED_REQUESTS
     ) -> Endpoint:
         """Serve ``model`` (the base weights, or ``checkpoint``'s: a Checkpoint or a path) in a
         new process. Returns once the port is bound; ``wait_until_ready`` waits for the model.
 
         An endpoint already serving ``name`` is reused, or with ``recreate_if_existing``
-        stopped and replaced. Request bodies over ``max_request_bytes`` are refused (413).
+        stopped and replaced. Request bodies over ``max_request_bytes`` are refused (413), and
+        requests beyond ``max_queued_requests`` waiting or generating at once get 503 with
+        ``Retry-After``.
         """
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
@@ -97,6 +100,7 @@ class Endpoint:
                 "host": host,
                 "port": port,
                 "max_request_bytes": max_request_bytes,
+                "max_queued_requests": max_queued_requests,
             }
         )
         # The key travels in the environment, not on the command line, where ps shows it.

@@ -26,7 +26,7 @@ from palaestra.checkpoints import (
 )
 from palaestra.models.catalogue import find_catalogue_model
 from palaestra.models.config import ModelConfig
-from palaestra.serve.app import ServedModel, State, create_app
+from palaestra.serve.app import DEFAULT_MAX_QUEUED_REQUESTS, ServedModel, State, create_app
 from palaestra.serve.batcher import Batcher
 from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
 
@@ -67,11 +67,12 @@ def serve(
     api_key: str | None = None,
     on_bound=None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C. ``on_bound(url)`` runs once the port is bound."""
     import uvicorn
 
-    state = State(name)
+    state = State(name, max_queued_requests)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -141,6 +142,7 @@ def serve_in_foreground(
     name: str | None = None,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
 ) -> None:
     """``palaestra serve``: serve ``target`` until Ctrl-C, listed among the endpoints."""
     from palaestra.runs.endpoints import endpoint_files, new_record
@@ -166,7 +168,17 @@ def serve_in_foreground(
         )
 
     try:
-        serve(name, model, checkpoint_path, host, port, api_key, on_bound, max_request_bytes)
+        serve(
+            name,
+            model,
+            checkpoint_path,
+            host,
+            port,
+            api_key,
+            on_bound,
+            max_request_bytes,
+            max_queued_requests,
+        )
     finally:
         files.record.unlink(missing_ok=True)
 
@@ -191,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.pop("PALAESTRA_API_KEY", None),
         on_bound,
         spec.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
+        spec.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS),
     )
 
 
