@@ -185,3 +185,193 @@ def test_a_ten_megabyte_body_does_not_hold_up_the_server(guarded):
         timeout=60,
     )
     assert ok.status_code == 200
+
+
+# -- a client that goes away frees its place -------------------------------------------------
+
+
+def build_endless_model_dir(path):
+    """The tiny model with an 8192-token context that never ends on its own: its tokenizer's
+    end-of-sequence token lies past the model's vocabulary, so it is never sampled and every
+    completion runs to ``max_tokens``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from conftest import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"eos_token": "<|never|>"})  # the last id; pad stays <|im_end|>
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) - 1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def endless_dir(tmp_path_factory):
+    return build_endless_model_dir(tmp_path_factory.mktemp("endless"))
+
+
+def short_request(prompt, tag: int = 0, max_tokens: int = 1):
+    from palaestra.rollout import GenerationRequest, SamplingParams
+
+    return GenerationRequest([*prompt, tag], 1, SamplingParams(max_tokens=max_tokens))
+
+
+def test_a_cancelled_request_is_never_generated_if_its_pass_has_not_begun():
+    import asyncio
+
+    from palaestra.serve.batcher import Batcher
+
+    gate, seen = threading.Event(), []
+
+    def generate(requests):
+        seen.append([r.token_ids[-1] for r in requests])
+        gate.wait(10)
+        return [[] for _ in requests]
+
+    async def scenario(batcher: Batcher) -> None:
+        first = asyncio.ensure_future(batcher.submit(short_request([], 1)))
+        while not seen:  # the first pass has begun and is held at the gate
+            await asyncio.sleep(0.01)
+        gone = asyncio.ensure_future(batcher.submit(short_request([], 2)))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # what cancelling its handler does to its await
+        await asyncio.sleep(0.05)
+        assert batcher.in_flight == 1  # its place is free at once
+        gate.set()
+        await first
+        await batcher.submit(short_request([], 3))
+
+    batcher = Batcher(generate, window_s=0.0)
+    try:
+        asyncio.run(scenario(batcher))
+    finally:
+        batcher.close()
+    assert seen == [[1], [3]]  # request 2 was never generated
+
+
+def test_a_cancelled_request_stops_mid_pass_while_its_batch_goes_on(endless_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
+
+    model = AutoModelForCausalLM.from_pretrained(endless_dir)
+    engine = TorchEngine(model, AutoTokenizer.from_pretrained(endless_dir))
+    prompt = engine.tokenizer("hi").input_ids
+    cancel, sampled = threading.Event(), []
+
+    def on_token(j: int, token: int) -> None:
+        sampled.append(token)
+        if len(sampled) == 3:
+            cancel.set()
+
+    cut, whole = engine.generate_requests(
+        [
+            GenerationRequest(prompt, 2, SamplingParams(50, seed=1), on_token, cancel),
+            GenerationRequest(prompt, 1, SamplingParams(50, seed=2)),
+        ]
+    )
+    # The cancelled request's two rows get tokens 1-2 on step one and 3-4 on step two; the flag
+    # is set at token 3, so both end after step two with 2 tokens each. The other row goes on.
+    assert [(len(c.token_ids), c.finish_reason) for c in cut] == [(2, "abort"), (2, "abort")]
+    assert [(len(c.token_ids), c.finish_reason) for c in whole] == [(50, "length")]
+    # No flag set: exactly what the engine generated before the flag existed.
+    again = engine.generate_requests([GenerationRequest(prompt, 1, SamplingParams(50, seed=2))])
+    assert again[0][0].token_ids == whole[0].token_ids
+
+
+def test_cancelling_a_request_in_its_pass_lets_the_next_one_run_at_once(endless_dir):
+    import asyncio
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from palaestra.rollout import TorchEngine
+    from palaestra.serve.batcher import Batcher
+
+    model = AutoModelForCausalLM.from_pretrained(endless_dir)
+    engine = TorchEngine(model, AutoTokenizer.from_pretrained(endless_dir))
+    prompt = engine.tokenizer("hi").input_ids
+    started = threading.Event()
+
+    def generate(requests):
+        started.set()
+        return engine.generate_requests(requests)
+
+    async def scenario(batcher: Batcher) -> float:
+        long = asyncio.ensure_future(batcher.submit(short_request(prompt, max_tokens=8000)))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # well into its 8000 tokens (seconds of work)
+        long.cancel()
+        begun = time.monotonic()
+        await batcher.submit(short_request(prompt))
+        return time.monotonic() - begun
+
+    batcher = Batcher(generate, window_s=0.0)
+    try:
+        waited = asyncio.run(scenario(batcher))
+    finally:
+        batcher.close()
+    # Without the cancel flag, the short request waits for the rest of the 8000 tokens.
+    assert waited < 1.0 and batcher.cancelled == 1, waited
+
+
+@pytest.fixture(scope="module")
+def endless(tmp_path_factory, endless_dir):
+    """A real endpoint process serving the model that never ends on its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PALAESTRA_HOME", str(tmp_path_factory.mktemp("endless-home")))
+        endpoint = Endpoint.launch(ModelConfig(name="endless", source=str(endless_dir)))
+        try:
+            endpoint.wait_until_ready(timeout=120)
+            yield endpoint
+        finally:
+            endpoint.stop()
+
+
+def test_a_stream_whose_client_disconnects_stops_generating(endless):
+    hi = [{"role": "user", "content": "hi"}]
+    long = {"messages": hi, "max_tokens": 8000, "stream": True}  # seconds of tokens
+    with httpx.Client(base_url=endless.url, timeout=30) as client:
+        with client.stream("POST", CHAT, json=long) as response:
+            assert response.status_code == 200
+            chunks = 0
+            for line in response.iter_lines():
+                chunks += line.startswith("data: ")
+                if chunks == 5:
+                    break
+        # The connection is closed here, mid-stream. Had the server gone on generating the
+        # long answer, this request would wait for the rest of its 8000 tokens.
+        started = time.monotonic()
+        short = client.post(CHAT, json={"messages": hi, "max_tokens": 1})
+        waited = time.monotonic() - started
+    assert short.status_code == 200 and short.json()["choices"][0]["finish_reason"] == "length"
+    assert waited < 2.0, f"the short request waited {waited:.1f} s for the abandoned stream"
+
+
+def test_a_plain_request_whose_client_gives_up_stops_generating(endless):
+    hi = [{"role": "user", "content": "hi"}]
+    long = {"messages": hi, "max_tokens": 8000}  # seconds of tokens, answered only at the end
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{endless.url}{CHAT}", json=long, timeout=1.0)  # the client gives up
+    # The server notices within its poll (a quarter second) and drops the rows; had it gone on,
+    # this request would wait for the rest of the 8000 tokens.
+    started = time.monotonic()
+    short = httpx.post(f"{endless.url}{CHAT}", json={"messages": hi, "max_tokens": 1}, timeout=30)
+    waited = time.monotonic() - started
+    assert short.status_code == 200 and short.json()["choices"][0]["finish_reason"] == "length"
+    assert waited < 2.0, f"the short request waited {waited:.1f} s for the abandoned one"

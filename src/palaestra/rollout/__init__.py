@@ -8,6 +8,7 @@ which takes weights (a name -> tensor mapping) and their version, never a module
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +37,9 @@ class GenerationRequest:
     on_token: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
     """Called from the generating thread as each token is sampled, with (which of the ``n``
     completions, token id): how a server streams. It must return quickly."""
+    cancel: threading.Event | None = field(default=None, compare=False, repr=False)
+    """Once set (from any thread), the request's rows end at their next token with finish
+    reason ``"abort"``, and the rest of the batch goes on: a server's client that went away."""
 
 
 class RolloutEngine(Protocol):

@@ -3,9 +3,9 @@
 Every row of every request shares each forward pass: a request's prompt is prefilled once
 (left-padded, with position ids that skip the padding) and its cache copied to its ``n`` rows;
 then each decode step feeds one token per row. A row that finishes (end-of-sequence, a stop
-string, its own ``max_tokens``) leaves the batch and the cache shrinks, so short rows never wait
-on long ones. Built over the very module a learner updates (in its own precision), a weight
-update finds the tensors already in place and copies nothing.
+string, its own ``max_tokens``, its request's ``cancel`` set) leaves the batch and the cache
+shrinks, so short rows never wait on long ones. Built over the very module a learner updates
+(in its own precision), a weight update finds the tensors already in place and copies nothing.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class TorchEngine:
                 on_token = requests[row.request].on_token
                 if on_token is not None:
                     on_token(row.sample, tokens_B[b])
-                if not self._finished(row, tokens_B[b]):
+                if not self._finished(row, tokens_B[b], requests[row.request].cancel):
                     keep.append(b)
             if not keep:
                 return
@@ -209,8 +209,13 @@ class TorchEngine:
             ).logits[:, -1]
             positions_B = positions_B + 1
 
-    def _finished(self, row: _Row, token: int) -> bool:
-        """Whether ``row`` ends with ``token``; if so, its text and finish reason are set."""
+    def _finished(self, row: _Row, token: int, cancel=None) -> bool:
+        """Whether ``row`` ends with ``token`` (or is cancelled); if so, its text and finish
+        reason are set."""
+        if cancel is not None and cancel.is_set():
+            row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            row.finish_reason = "abort"
+            return True
         stops = row.params.stop
         if stops:
             text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)

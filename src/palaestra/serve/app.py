@@ -13,20 +13,26 @@ import asyncio
 import math
 import secrets
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from palaestra.models.config import ModelConfig
 from palaestra.rollout import GenerationRequest, SamplingParams
 from palaestra.serve.batcher import Batcher
-from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES, RequestGuard, error_body
-from palaestra.serve.streaming import stream_requests
+from palaestra.serve.guard import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestGuard,
+    RequireKey,
+    error_body,
+)
+from palaestra.serve.streaming import EventStream, stream_requests
 from palaestra.types import Completion
 
 DEFAULT_MAX_TOKENS = 512
@@ -138,13 +144,20 @@ def create_app(
     """The app over ``state``; ``api_key`` required on /v1/ when set; request bodies over
     ``max_request_bytes`` refused (413)."""
     app = FastAPI(title="palaestra", docs_url=None, redoc_url=None, openapi_url=None)
-    # Added first, so it runs after the key check: a request without the key is refused
-    # before its body is read.
+    # Plain ASGI middleware (a BaseHTTPMiddleware would hide a client's disconnect from the
+    # handlers). The key check is added last, so it runs first: a request without the key is
+    # refused before its body is read.
     app.add_middleware(RequestGuard, max_request_bytes=max_request_bytes)
+    if api_key is not None:
+        app.add_middleware(RequireKey, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError):
         return error.response()
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, error: ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException):
@@ -172,20 +185,6 @@ def create_app(
         message = f"{param}: {first['msg']}" if param else first["msg"]
         return APIError(400, message, param=param, code="invalid_value").response()
 
-    @app.middleware("http")
-    async def _authenticate(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                what = "a wrong API key" if given else "no API key"
-                return APIError(
-                    401,
-                    f"this endpoint needs an API key and the request had {what}; "
-                    "send it as 'Authorization: Bearer KEY'",
-                    code="invalid_api_key",
-                ).response()
-        return await call_next(request)
-
     @app.get("/health")
     async def health():
         if state.served is None:
@@ -208,7 +207,7 @@ def create_app(
         }
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, http: Request):
         served = _served(state, body.model)
         messages = [m.as_dict() for m in body.messages]
         try:
@@ -227,11 +226,11 @@ def create_app(
         request = _generation_request(served, body, prompt_ids)
         if body.stream:
             return _stream(served, [request], "chatcmpl", body, len(prompt_ids), chat=True)
-        completions = await served.batcher.submit(request)
+        completions = await unless_gone(http, served.batcher.submit(request))
         return _Reply("chatcmpl", served.name, len(prompt_ids), completions).chat(served.config)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, http: Request):
         served = _served(state, body.model)
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if not prompts:
@@ -241,11 +240,30 @@ def create_app(
         prompt_tokens = sum(len(i) for i in ids)
         if body.stream:
             return _stream(served, requests, "cmpl", body, prompt_tokens, chat=False)
-        results = await asyncio.gather(*(served.batcher.submit(r) for r in requests))
+        submitted = asyncio.gather(*(served.batcher.submit(r) for r in requests))
+        results = await unless_gone(http, submitted)
         flat = [c for completions_n in results for c in completions_n]
         return _Reply("cmpl", served.name, prompt_tokens, flat).text()
 
     return app
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_gone(http: Request, work: Awaitable, poll_s: float = 0.25):
+    """``work``'s result, or, if the client disconnects first, ``work`` cancelled (its rows
+    leave the batch at the next token) and ClientGone raised: nobody is left to answer. The
+    server stops a streaming response itself; a plain one it never does."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await http.is_disconnected():
+            task.cancel()
+            raise ClientGone()
 
 
 def _served(state: State, model: str | None) -> ServedModel:
@@ -311,7 +329,7 @@ def _include_usage(body: _Request) -> bool:
 
 def _stream(
     served: ServedModel, requests, prefix: str, body: _Request, prompt_tokens: int, chat: bool
-) -> StreamingResponse:
+) -> EventStream:
     """Server-sent events that carry each token as it is sampled."""
     head = {
         "id": f"{prefix}-{secrets.token_hex(12)}",
@@ -338,7 +356,7 @@ def _stream(
         chunk,
         usage if _include_usage(body) else None,
     )
-    return StreamingResponse(events, media_type="text/event-stream")
+    return EventStream(events)
 
 
 def _usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, int]:

@@ -5,6 +5,10 @@ Each handler submits a ``GenerationRequest`` and awaits its future. The worker t
 queued when it becomes free (after a short window for stragglers to arrive), runs one
 ``engine.generate_requests`` over all of it, and answers each future. Requests that arrive during
 a pass queue for the next one, so under load every pass is full.
+
+A handler that is cancelled (its client went away) frees its place at once: a request still
+waiting is never generated, and one in the middle of its pass stops at its next token (its
+``cancel`` event), while the rest of the pass goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 
 from palaestra.rollout import GenerationRequest
 from palaestra.types import Completion
@@ -40,6 +45,8 @@ class Batcher:
         """Requests submitted and not yet answered (waiting or generating)."""
         self.last_pass_s = 0.0
         """How long the latest generation pass took."""
+        self.cancelled = 0
+        """Requests whose handler was cancelled (client gone) before they were answered."""
         self._closed = False
         self._thread.start()
 
@@ -47,11 +54,18 @@ class Batcher:
         """The request's ``n`` completions, generated with whatever else is waiting."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
+        if request.cancel is None:
+            request = replace(request, cancel=threading.Event())
         future: Future = Future()
         self.in_flight += 1  # on the event loop only, so no lock
         try:
             self._queue.put((request, future))
+            # Cancelling this await cancels ``future`` too, if its pass has not begun.
             return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            request.cancel.set()  # its pass has begun: its rows end at their next token
+            self.cancelled += 1
+            raise
         finally:
             self.in_flight -= 1
 
@@ -83,6 +97,7 @@ class Batcher:
 
     def _take(self, waiting: list[tuple[GenerationRequest, Future]]):
         """Requests for one pass, oldest first, up to ``max_rows`` sequences (at least one)."""
+        waiting = [item for item in waiting if not item[1].cancelled()]
         rows = 0
         for count, (request, _) in enumerate(waiting):
             if count and rows + request.n > self.max_rows:

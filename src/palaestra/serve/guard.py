@@ -1,6 +1,7 @@
-"""The endpoint's gate for request bodies: what a POST may send before the app reads it.
+"""The endpoint's gate: who may send a request (the API key) and what a POST may send before
+the app reads it.
 
-An ASGI middleware in front of the app. A body larger than the limit is refused with 413 as
+Two plain ASGI middlewares in front of the app. A body larger than the limit is refused with 413 as
 soon as its size is known (from Content-Length, or while it streams in, so the rest is never
 read); a body that is not JSON by its content type gets 415; one that is not UTF-8 or not
 JSON, or that nests deeper than any real request does, gets 400. Every refusal is in OpenAI's
@@ -12,6 +13,7 @@ limit); the app then reads the same bytes.
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -65,6 +67,27 @@ class RequestGuard:
             f"the request body{told} is over this endpoint's limit of {self.limit} bytes "
             "(max_request_bytes)"
         )
+
+
+class RequireKey:
+    """Refuses /v1/ requests without ``Authorization: Bearer <api_key>`` (401), comparing in
+    constant time, before anything else reads them."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                what = "a wrong API key" if given else "no API key"
+                message = (
+                    f"this endpoint needs an API key and the request had {what}; "
+                    "send it as 'Authorization: Bearer KEY'"
+                )
+                return await refuse(send, 401, message, "invalid_api_key")
+        return await self.app(scope, receive, send)
 
 
 def check_body(body: bytes) -> tuple[str, str] | None:

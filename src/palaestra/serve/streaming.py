@@ -6,15 +6,20 @@ event loop, where a ``TextStream`` per choice turns the growing token list into 
 Text that might still change is held back: a half-decoded character, the tail that could be the
 start of a stop string, the inside of a thinking block not yet closed. The completion's final
 text is the authority: whatever it adds at the end is sent last.
+
+A client that disconnects mid-stream ends its ``EventStream``, which closes the events, and
+with them its requests: generation for it stops at the next token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
+
+from starlette.responses import StreamingResponse
 
 from palaestra.rollout import GenerationRequest
 from palaestra.serve.batcher import Batcher
@@ -63,6 +68,22 @@ class TextStream:
         return deltas
 
 
+class EventStream(StreamingResponse):
+    """A response of server-sent ``events`` that closes them as soon as it ends, however it
+    ends. Starlette stops iterating when the client disconnects, but leaves a generator that
+    was waiting at a ``yield`` suspended until the garbage collector finds it, and its requests
+    would go on generating until then."""
+
+    def __init__(self, events: AsyncGenerator[str, None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 async def stream_requests(
     batcher: Batcher,
     requests: list[GenerationRequest],
@@ -88,29 +109,40 @@ async def stream_requests(
 
         submitted.append(asyncio.ensure_future(batcher.submit(replace(request, on_token=on_token))))
     everything = asyncio.gather(*submitted)
-    # Token callbacks are queued on the loop before the batch's result is, so this marker comes
-    # after every token.
-    everything.add_done_callback(lambda _: arrivals.put_nowait(None))
 
-    for index in range(len(streams)):
-        yield _event(chunk(index, {"role": "assistant", "content": ""}, None))
-    while (arrival := await arrivals.get()) is not None:
-        index, token = arrival
-        tokens[index].append(token)
-        for delta in streams[index].update(tokens[index]):
-            yield _event(chunk(index, delta, None))
+    def answered(future: asyncio.Future) -> None:
+        if not future.cancelled():
+            future.exception()  # read below, or never once the client is gone: not an error
+        # Token callbacks are queued on the loop before the batch's result is, so this marker
+        # comes after every token.
+        arrivals.put_nowait(None)
+
+    everything.add_done_callback(answered)
     try:
-        completions = [c for completions_n in everything.result() for c in completions_n]
-    except Exception as error:  # the stream has begun: an error can only be an event now
-        yield _event({"error": {"message": str(error), "type": "server_error"}})
-        return
-    for index, completion in enumerate(completions):
-        for delta in streams[index].finish(completion.text):
-            yield _event(chunk(index, delta, None))
-        yield _event(chunk(index, None, completion.finish_reason))
-    if usage is not None:
-        yield _event(usage(completions))
-    yield "data: [DONE]\n\n"
+        for index in range(len(streams)):
+            yield _event(chunk(index, {"role": "assistant", "content": ""}, None))
+        while (arrival := await arrivals.get()) is not None:
+            index, token = arrival
+            tokens[index].append(token)
+            for delta in streams[index].update(tokens[index]):
+                yield _event(chunk(index, delta, None))
+        try:
+            completions = [c for completions_n in everything.result() for c in completions_n]
+        except Exception as error:  # the stream has begun: an error can only be an event now
+            yield _event({"error": {"message": str(error), "type": "server_error"}})
+            return
+        for index, completion in enumerate(completions):
+            for delta in streams[index].finish(completion.text):
+                yield _event(chunk(index, delta, None))
+            yield _event(chunk(index, None, completion.finish_reason))
+        if usage is not None:
+            yield _event(usage(completions))
+        yield "data: [DONE]\n\n"
+    finally:
+        # Closed or cancelled before the end: the client is gone, so its requests stop (a
+        # no-op for those already answered).
+        for task in submitted:
+            task.cancel()
 
 
 def _event(data: dict[str, Any]) -> str:
