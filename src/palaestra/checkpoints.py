@@ -85,7 +85,8 @@ def write_checkpoint(
     """Write ``step_NNNNNN`` atomically. ``write_weights(folder)`` puts the HF-format weights,
     tokenizer and optimiser state (or the adapters) into the staging folder; ``info`` becomes
     palaestra.json (with ``step``), ``trainer_state`` (plain JSON values) trainer_state.json,
-    written last: a folder with it is complete."""
+    written last: a folder with it is complete. A save that fails (disk full, no permission)
+    removes its staging folder and raises CheckpointSaveError naming the folder and why."""
 
     def write(staging: Path) -> None:
         write_weights(staging)
@@ -93,7 +94,25 @@ def write_checkpoint(
         text = json.dumps(trainer_state, default=str)
         (staging / TRAINER_STATE_FILE).write_text(text)
 
-    return write_folder_atomic(checkpoints_dir / folder_name(step), write)
+    final = checkpoints_dir / folder_name(step)
+    try:
+        return write_folder_atomic(final, write)
+    except Exception as error:
+        # A full disk reaches here as torch's or safetensors' own error type as often as an
+        # OSError: name the checkpoint and the place for all. Earlier checkpoints are untouched.
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        code = error.errno if isinstance(error, OSError) else None
+        raise CheckpointSaveError(
+            code, f"cannot save checkpoint {final.name} to {final}: {reason}"
+        ) from error
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written; ``errno`` is the cause's where it had one (ENOSPC:
+    the disk is full, EACCES: no permission)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def write_folder_atomic(final: Path, write: Callable[[Path], None]) -> Path:
@@ -127,7 +146,7 @@ def write_info(folder: Path, info: dict[str, Any]) -> None:
 def read_info(folder: str | Path) -> dict[str, Any]:
     """palaestra.json of ``folder``; empty for a plain HF folder that has none."""
     path = Path(folder) / INFO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return _read_object(path) if path.is_file() else {}
 
 
 def has_trainer_state(folder: str | Path) -> bool:
@@ -138,10 +157,18 @@ def read_trainer_state(folder: str | Path) -> dict[str, Any]:
     path = Path(folder) / TRAINER_STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{folder} is not a palaestra checkpoint: no {TRAINER_STATE_FILE}")
+    return _read_object(path)
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ValueError naming the file when it is not one."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from error
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def has_optimizer_state(folder: str | Path) -> bool:
@@ -153,7 +180,7 @@ def is_adapter_checkpoint(folder: str | Path | None) -> bool:
 
 
 def adapter_rank(folder: str | Path) -> int | None:
-    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("r")
+    return _read_object(Path(folder) / ADAPTER_CONFIG).get("r")
 
 
 def adapter_base(folder: str | Path) -> str:
@@ -161,7 +188,7 @@ def adapter_base(folder: str | Path) -> str:
     folder = Path(folder)
     base = read_info(folder).get("base_model_path")
     if base is None:
-        base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        base = _read_object(folder / ADAPTER_CONFIG).get("base_model_name_or_path")
     if not base:
         raise ValueError(f"{folder}: the adapter checkpoint does not name its base model")
     return base

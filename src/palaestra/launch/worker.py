@@ -1,11 +1,13 @@
 """The training process: ``python -m palaestra.launch.worker RUN_DIR [--resume]``.
 
 It loads the pickled TrainConfig from the run directory, trains, and records how it ended in
-status.json: completed, failed (with the error) or stopped (SIGTERM).
+status.json: completed, failed (with the error) or stopped (SIGTERM). ``kill -USR1 PID`` makes
+it write every thread's Python stack to train.log and carry on: where a run that seems stuck is.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -62,6 +64,7 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _request_stop)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stderr is train.log
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # per-tensor loading bars would bury the step lines in train.log

@@ -103,11 +103,23 @@ class RunDirectory:
                 status = {
                     **status,
                     "state": "failed",
-                    "error": status.get("error")
-                    or f"the training process (pid {status['pid']}) exited without reporting; "
-                    f"see {self.log_path}",
+                    "error": status.get("error") or self._died(status["pid"]),
                 }
         return status
+
+    def _died(self, pid: int) -> str:
+        """Why a run whose process is gone without a word failed, and what continues it."""
+        checkpoints = self.checkpoint_paths()
+        where = (
+            f"its last checkpoint (step {checkpoints[-1][0]})"
+            if checkpoints
+            else "where it started (no checkpoint of its own yet)"
+        )
+        return (
+            f"the training process (pid {pid}) was killed or interrupted: it "
+            f"exited without reporting; resume() continues the run from {where}; "
+            f"see {self.log_path}"
+        )
 
     def update_status(self, expect: tuple[str, ...] | None = None, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into status.json. The launcher and the training process both write
