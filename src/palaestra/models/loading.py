@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -76,7 +77,10 @@ def load_tokenizer(path: str, chat_template: str | None = None, revision: str | 
     """The tokenizer at ``path`` with a pad token set (generation pads batches)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    except Exception as error:  # tokenizers raises a bare Exception for a malformed file
+        raise_naming_folder(path, error, "tokenizer")
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     if tokenizer.pad_token is None:
@@ -91,13 +95,60 @@ def load_causal_lm(
     revision: str | None = None,
     trust_remote_code: bool = False,
 ):
-    """A causal LM from an HF-format directory or hub id, on ``device``."""
+    """A causal LM from an HF-format directory or hub id, on ``device``. A directory whose files
+    do not load (truncated, malformed, weights of another shape) is a ValueError naming the
+    file, or the directory when no one file is at fault."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+        )
+    except Exception as error:  # safetensors' and transformers' errors name no file
+        raise_naming_folder(path, error, "weights")
     return model.to(device)
+
+
+def raise_naming_folder(path: str | Path, error: Exception, what: str) -> NoReturn:
+    """Re-raise ``error`` from loading the local folder ``path`` as a ValueError naming the
+    file at fault (a ``*.safetensors`` that does not parse, or holds a tensor of another shape
+    than the folder's config.json gives it) or else the folder. An error loading a hub id goes
+    on as it is (it names the id already), and so does running out of memory."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or isinstance(error, MemoryError):
+        raise error
+    fault = _weights_fault(folder) if what == "weights" else None
+    reason = f"{type(error).__name__}: {error}" if fault is None else fault[1]
+    raise ValueError(
+        f"{fault[0] if fault else folder}: cannot load the {what}: {reason}"
+    ) from error
+
+
+def _weights_fault(folder: Path) -> tuple[Path, str] | None:
+    """The first safetensors file in ``folder`` that does not open, or whose tensor's shape is
+    not the one the folder's config.json makes (checked on the meta device: no memory), with
+    why; None when none is at fault."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    expected: dict[str, tuple[int, ...]] | None = None
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+        except Exception as error:
+            return file, f"{type(error).__name__}: {error}"
+        if expected is None:
+            try:
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+            except Exception:
+                return None
+            expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+        for key, shape in shapes.items():
+            if key in expected and shape != expected[key]:
+                return file, f"{key} has shape {shape}, but config.json makes it {expected[key]}"
+    return None
 
 
 def compute_dtype(precision: str, device: torch.device | str) -> torch.dtype:

@@ -23,6 +23,7 @@ from palaestra.atomic import write_bytes_atomic, write_json_atomic
 from palaestra.home import palaestra_home
 from palaestra.runs.directory import read_json
 from palaestra.runs.liveness import pid_alive
+from palaestra.runs.registry import SAFE_NAME
 
 ENDPOINT_FIELDS = (
     "name",
@@ -103,6 +104,13 @@ def endpoints_root(home: Path | None = None) -> Path:
 
 
 def endpoint_files(name: str, home: Path | None = None) -> EndpointFiles:
+    """The files of endpoint ``name``; ValueError unless the name is a plain file name (a name
+    from the command line or a caller never reaches, or writes, outside the endpoints folder)."""
+    if not SAFE_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not an endpoint name (letters, digits, '.', '_' and '-'; not starting "
+            "with '.' or '-')"
+        )
     return EndpointFiles(endpoints_root(home), name)
 
 

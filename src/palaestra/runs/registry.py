@@ -10,8 +10,9 @@ from pathlib import Path
 from palaestra.home import palaestra_home
 from palaestra.runs.directory import RunDirectory
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-"""A run, eval or endpoint id: a file name inside its folder, never a path out of it."""
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
+"""A run, eval, group or endpoint id: a file name inside its folder, never a path out of it.
+It ends at the string's very end: ``$`` would let a trailing newline through."""
 
 
 def runs_root(home: Path | None = None) -> Path:
@@ -27,6 +28,9 @@ def new_run_id(name: str) -> str:
 
 
 def run_directory(run_id: str, home: Path | None = None) -> Path:
+    """The folder of ``run_id``; KeyError naming it when it is not a run (or not a run id)."""
+    if not SAFE_NAME.match(run_id):
+        raise KeyError(f"{run_id!r} is not a run id")
     path = runs_root(home) / run_id
     if not (path / "config.json").is_file():
         known = ", ".join(list_run_ids(home)[:5]) or "none"
@@ -44,6 +48,4 @@ def list_run_ids(home: Path | None = None) -> list[str]:
 
 def open_run(run_id: str, home: Path | None = None) -> RunDirectory:
     """The run directory of ``run_id``; KeyError naming the run when there is none."""
-    if not SAFE_NAME.match(run_id):
-        raise KeyError(f"{run_id!r} is not a run id")
     return RunDirectory(run_directory(run_id, home))

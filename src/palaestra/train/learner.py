@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pickle
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,9 +103,26 @@ class Learner:
 
     def load(self, folder: Path) -> None:
         """Continue from the optimiser state saved in ``folder`` (the weights were loaded with
-        the model). The moments carry over; lr and weight decay come from this run's recipe."""
-        state = torch.load(Path(folder) / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        the model). The moments carry over; lr and weight decay come from this run's recipe.
+        A file that is not the state of this model's optimiser is a ValueError naming it."""
+        path = Path(folder) / OPTIMIZER_FILE
+        try:
+            # weights_only: tensors and plain containers; a pickled object's code never runs.
+            state = torch.load(path, map_location="cpu", weights_only=True)["optimizer"]
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            check_moment_shapes(state["state"], params)
+            self.optimizer.load_state_dict(state)
+        except pickle.UnpicklingError as error:
+            refused = "".join(
+                f" ({line.strip()})" for line in str(error).splitlines() if "GLOBAL" in line
+            )
+            raise ValueError(
+                f"{path}: holds more than tensors, so it was not loaded (unpickling it could run "
+                f"code){refused}"
+            ) from error
+        except (RuntimeError, EOFError, KeyError, TypeError, ValueError) as error:
+            reason = error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            raise ValueError(f"{path}: {reason}") from error
         for group in self.optimizer.param_groups:
             group["lr"] = self.recipe.lr
             group["weight_decay"] = self.recipe.weight_decay
@@ -223,3 +241,18 @@ class Learner:
             sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
+
+
+def check_moment_shapes(moments: dict, params: list[torch.Tensor]) -> None:
+    """ValueError unless each saved moment has its parameter's shape: AdamW would load moments
+    of another model's shapes without a word and fail (or broadcast) at its first step."""
+    for index, saved in moments.items():
+        if not isinstance(index, int) or not 0 <= index < len(params):
+            raise ValueError(f"state of parameter {index!r}; the model has {len(params)}")
+        shape = tuple(params[index].shape)
+        for name, value in saved.items():
+            if isinstance(value, torch.Tensor) and value.dim() and tuple(value.shape) != shape:
+                raise ValueError(
+                    f"{name} of parameter {index} has shape {tuple(value.shape)}, but the model's "
+                    f"parameter {index} has shape {shape}: the state of another model"
+                )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from palaestra.checkpoints import has_trainer_state, read_trainer_state
+from palaestra.checkpoints import TRAINER_STATE_FILE, has_trainer_state, read_trainer_state
 
 
 @dataclass
@@ -37,10 +37,15 @@ class TrainerState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> TrainerState:
+        """The state in ``data``; ValueError naming ``where`` (its file) when it does not fit."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{where}: unknown trainer state fields {unknown}")
+        for name in ("step", "last_step", "cursor"):
+            value = data.get(name, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}: {name} is {value!r}, not a whole number >= 0")
         return cls(**data)
 
 
@@ -68,11 +73,11 @@ def resolve_start(
     path = config_checkpoint
     state = TrainerState()
     if path is not None and has_trainer_state(path):
-        state = TrainerState.from_json(read_trainer_state(path), path)
+        state = TrainerState.from_json(read_trainer_state(path), path / TRAINER_STATE_FILE)
     last_step = state.step + num_rollout
     if resume and own_checkpoints:
         path = own_checkpoints[-1]
-        state = TrainerState.from_json(read_trainer_state(path), path)
+        state = TrainerState.from_json(read_trainer_state(path), path / TRAINER_STATE_FILE)
         last_step = state.last_step
     state = dataclasses.replace(state, last_step=last_step)
     return Start(path, state)
