@@ -79,6 +79,12 @@ def plan(i: int, max_tokens: int) -> tuple[dict, bool]:
     return body, stream and i % 8 == 1
 
 
+def refused_or_lost(response: httpx.Response) -> tuple[str, str]:
+    """How a request that was not answered 200 ended: refused cleanly, or lost and why."""
+    problem = refusal(response)
+    return ("refused", response.headers["retry-after"]) if problem is None else ("lost", problem)
+
+
 def refusal(response: httpx.Response) -> str | None:
     """None if ``response`` is a clean refusal (429/503, Retry-After, OpenAI's error shape,
     503 only for being overloaded), else what is wrong with it."""
@@ -102,15 +108,7 @@ async def one(client: httpx.AsyncClient, body: dict, drop: bool) -> tuple[str, s
     if not body["stream"]:
         response = await client.post(CHAT, json=body)
         if response.status_code != 200:
-            problem = refusal(response)
-            return (
-                ("refused", response.headers["retry-after"])
-                if problem is None
-                else (
-                    "lost",
-                    problem,
-                )
-            )
+            return refused_or_lost(response)
         choices = response.json().get("choices") or []
         if choices and all(c.get("finish_reason") in ("stop", "length") for c in choices):
             return "answered", None
@@ -118,15 +116,7 @@ async def one(client: httpx.AsyncClient, body: dict, drop: bool) -> tuple[str, s
     async with client.stream("POST", CHAT, json=body) as response:
         if response.status_code != 200:
             await response.aread()
-            problem = refusal(response)
-            return (
-                ("refused", response.headers["retry-after"])
-                if problem is None
-                else (
-                    "lost",
-                    problem,
-                )
-            )
+            return refused_or_lost(response)
         events, finished, done = 0, False, False
         async for line in response.aiter_lines():
             if not line.startswith("data: "):

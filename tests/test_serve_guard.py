@@ -13,10 +13,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from palaestra import ModelConfig
-from palaestra.serve import Endpoint
 from palaestra.serve.app import State, create_app
 from palaestra.serve.guard import MAX_DEPTH, check_body, depth
+from tiny_runs import serving
 
 JSON = {"content-type": "application/json"}
 CHAT = "/v1/chat/completions"
@@ -102,15 +101,9 @@ def test_an_unauthenticated_request_is_refused_before_its_body_is_read():
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory, tiny_model_dir):
     """A real endpoint process that holds at most 2 requests at once."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PALAESTRA_HOME", str(tmp_path_factory.mktemp("guard-home")))
-        model = ModelConfig(name="tiny", source=str(tiny_model_dir))
-        endpoint = Endpoint.launch(model, name="guard", max_queued_requests=2)
-        try:
-            endpoint.wait_until_ready(timeout=120)
-            yield endpoint
-        finally:
-            endpoint.stop()
+    with serving(tmp_path_factory.mktemp("guard-home"), tiny_model_dir, "guard",
+                 max_queued_requests=2) as endpoint:  # fmt: skip
+        yield endpoint
 
 
 def test_a_flood_past_the_queue_gets_503_with_retry_after_and_nothing_is_lost(guarded):
@@ -333,14 +326,8 @@ def test_cancelling_a_request_in_its_pass_lets_the_next_one_run_at_once(endless_
 @pytest.fixture(scope="module")
 def endless(tmp_path_factory, endless_dir):
     """A real endpoint process serving the model that never ends on its own."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PALAESTRA_HOME", str(tmp_path_factory.mktemp("endless-home")))
-        endpoint = Endpoint.launch(ModelConfig(name="endless", source=str(endless_dir)))
-        try:
-            endpoint.wait_until_ready(timeout=120)
-            yield endpoint
-        finally:
-            endpoint.stop()
+    with serving(tmp_path_factory.mktemp("endless-home"), endless_dir, "endless") as endpoint:
+        yield endpoint
 
 
 def test_a_stream_whose_client_disconnects_stops_generating(endless):

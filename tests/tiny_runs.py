@@ -7,10 +7,13 @@ the run's palaestra home), so "while the run is running" is a state a test can c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
+
+import pytest
 
 from palaestra import LocalDataset, ModelConfig, Recipe, TrainConfig
 
@@ -62,3 +65,20 @@ def wait_for(predicate, timeout: float = 120.0, what: str = "condition") -> None
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def serving(home: Path, model_dir: Path, name: str, **launch):
+    """A real endpoint process over the model in ``model_dir``, its records under ``home``,
+    ready to answer; stopped on exit."""
+    from palaestra.serve import Endpoint
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PALAESTRA_HOME", str(home))
+        model = ModelConfig(name=name, source=str(model_dir))
+        endpoint = Endpoint.launch(model, name=name, **launch)
+        try:
+            endpoint.wait_until_ready(timeout=120)
+            yield endpoint
+        finally:
+            endpoint.stop()

@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from palaestra import ModelConfig
-from palaestra.serve import Endpoint
+from tiny_runs import serving
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "flood.py"
 
@@ -33,15 +32,9 @@ def load_bench():
 @pytest.fixture(scope="module")
 def flooded(tmp_path_factory, tiny_model_dir):
     """A real endpoint on the tiny model that holds at most 8 requests at once."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PALAESTRA_HOME", str(tmp_path_factory.mktemp("flood-home")))
-        model = ModelConfig(name="tiny", source=str(tiny_model_dir))
-        endpoint = Endpoint.launch(model, name="flood", max_queued_requests=8)
-        try:
-            endpoint.wait_until_ready(timeout=120)
-            yield endpoint
-        finally:
-            endpoint.stop()
+    with serving(tmp_path_factory.mktemp("flood-home"), tiny_model_dir, "flood",
+                 max_queued_requests=8) as endpoint:  # fmt: skip
+        yield endpoint
 
 
 def test_a_flood_loses_nothing_and_gives_its_memory_back(flooded):
