@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +33,18 @@ NOT_MIRRORED = {"step", "time"}
 """Keys of a metrics row that are not values: the step is the x-axis, a tracker stamps time."""
 
 
+_WARN_LOCK = threading.Lock()
+
+
 def warn(label: str, message: str) -> None:
-    """One line on stdout, which is the run's train.log."""
+    """One line on stdout, which is the run's train.log. Written whole, under a lock: mirrors
+    that fail at the same moment on their own threads would otherwise run their lines together
+    (print writes the text and the newline separately)."""
     text = " ".join(message.split())
-    print(f"palaestra: warning: metrics mirror to {label}: {text[:500]}", flush=True)
+    line = f"palaestra: warning: metrics mirror to {label}: {text[:500]}\n"
+    with _WARN_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 class Mirror:

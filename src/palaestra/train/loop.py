@@ -51,7 +51,7 @@ def run_training(
     run.update_status(
         state="running", step=state.step, total_steps=state.last_step, first_step=state.step
     )
-    print(describe(config, state), flush=True)
+    say(describe(config, state))
     try:
         while state.step < state.last_step:
             state = train_one_step(config, run, sampler, learner, state, info, trackers)
@@ -112,8 +112,14 @@ def train_one_step(
     metrics["step_s"] = time.monotonic() - started
     records.append_step(run, rows, metrics)
     trackers.log(metrics)
-    print(step_line(metrics, state.last_step, saved), flush=True)
+    say(step_line(metrics, state.last_step, saved))
     return state
+
+
+def say(line: str) -> None:
+    """A line of train.log in one write: print() writes the text and the newline apart, and a
+    tracker's warning from its own thread could land between them."""
+    print(f"{line}\n", end="", flush=True)
 
 
 def step_advantages(samples_B: list[Sample], recipe: Recipe) -> list[float]:
