@@ -37,11 +37,12 @@ def build_tokenizer():
     return tokenizer
 
 
-def build_tiny_model(tokenizer, seed: int = 0):
+def build_tiny_model(tokenizer, seed: int = 0, **overrides):
+    """A 2-layer Llama over ``tokenizer``; ``overrides`` change its LlamaConfig fields."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
@@ -54,7 +55,7 @@ def build_tiny_model(tokenizer, seed: int = 0):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))
 
 
 @pytest.fixture(scope="session")

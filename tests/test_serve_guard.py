@@ -187,28 +187,14 @@ def build_endless_model_dir(path):
     """The tiny model with an 8192-token context that never ends on its own: its tokenizer's
     end-of-sequence token lies past the model's vocabulary, so it is never sampled and every
     completion runs to ``max_tokens``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from conftest import build_tokenizer
+    from conftest import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens({"eos_token": "<|never|>"})  # the last id; pad stays <|im_end|>
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer) - 1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=tokenizer.pad_token_id,
+    model = build_tiny_model(
+        tokenizer, vocab_size=len(tokenizer) - 1, max_position_embeddings=8192, eos_token_id=None
     )
-    LlamaForCausalLM(config).save_pretrained(path)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
