@@ -90,16 +90,15 @@ class TrainingGroup:
             where = f"variant {number} of {len(combos)} ({describe_overrides(overrides)})"
             try:
                 config = apply_overrides(self.base, overrides, where)
-                config.validate_here()
-            except InvalidVariantError as error:
-                if not self.skip_invalid:
+                config.validate_here()  # the recipe against this machine, the dataset's columns
+            except Exception as error:
+                named = isinstance(error, InvalidVariantError)
+                message = str(error) if named else f"{where}: {error}"
+                if not self.skip_invalid and named:
                     raise
-                self.skipped.append({"overrides": overrides, "error": str(error)})
-                continue
-            except Exception as error:  # the recipe against this machine, the dataset's columns
                 if not self.skip_invalid:
-                    raise InvalidVariantError(f"{where}: {error}") from error
-                self.skipped.append({"overrides": overrides, "error": f"{where}: {error}"})
+                    raise InvalidVariantError(message) from error
+                self.skipped.append({"overrides": overrides, "error": message})
                 continue
             base_name = self.base.name or self.base.model.name
             variants.append(
