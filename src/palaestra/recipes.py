@@ -28,6 +28,8 @@ class Recipe(BaseModel):
     - Saving and evaluation: ``save_interval``, ``eval_interval``.
     - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``, ``seed``,
       ``image_overlay``.
+    - Backend: ``backend``, ``num_rollout_workers``, ``ray_address``, ``ray_cpus_per_worker``,
+      ``runtime_env``.
     """
 
     model_config = ConfigDict(
@@ -170,8 +172,29 @@ class Recipe(BaseModel):
     seed: int = 42
     """Seeds data order, sampling and initialisation; a resumed run restores the RNG state."""
     image_overlay: Any = None
-    """Container-image customisation for a cloud backend. The local backend runs in this Python
-    environment, so it rejects this field: install packages with pip instead."""
+    """Container-image customisation (``lambda image: image.run_commands("pip install x")``).
+    The local backend runs in this Python environment and rejects it: pip install instead. The
+    Ray backend maps pip installs and environment variables to Ray's ``runtime_env`` and
+    refuses any other command, saying what to do instead."""
+
+    # -- Backend: where the sampler and the learner run.
+    backend: Literal["local", "ray"] = "local"
+    """``"local"``: sampling and training in the run's own process (its CPU or one GPU).
+    ``"ray"``: ``num_rollout_workers`` rollout-worker actors, each sampling with its own copy of
+    the policy, and one learner actor, on a Ray instance the run starts or on a cluster
+    (``ray_address``). Needs the ``ray`` extra: ``pip install 'palaestra[ray]'``."""
+    num_rollout_workers: int = Field(1, ge=1)
+    """Ray backend: rollout-worker actors; a step's prompts are split evenly over them."""
+    ray_address: str | None = None
+    """Ray backend: None starts a Ray instance for the run and stops it at the end; ``"auto"``
+    or ``"HOST:PORT"`` (the head's GCS address) joins a running cluster."""
+    ray_cpus_per_worker: float = Field(1.0, gt=0)
+    """Ray backend: CPUs each rollout worker reserves in Ray's accounting. Its torch threads are
+    its node's cores shared among the workers placed there."""
+    runtime_env: dict[str, Any] | None = None
+    """Ray backend: Ray's ``runtime_env`` for the actors (``pip``, ``env_vars``,
+    ``working_dir``...), merged with what ``image_overlay`` maps to. The reward runs in the
+    driver (the run's own process), so what it imports must be installed there."""
 
     @field_validator("apply_chat_template_kwargs", mode="before")
     @classmethod
@@ -223,6 +246,22 @@ class Recipe(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_backend(self) -> Recipe:
+        if self.backend == "local":
+            for name, default in (
+                ("num_rollout_workers", 1),
+                ("ray_address", None),
+                ("runtime_env", None),
+            ):
+                value = getattr(self, name)
+                if value != default:
+                    raise ValueError(
+                        f"{name}={value!r} is a Ray backend field, but backend='local'; set "
+                        "backend='ray' to use it"
+                    )
+        return self
+
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
@@ -246,13 +285,14 @@ class RecipeNotRunnableError(ValueError):
 
 
 def check_runnable_here(recipe: Recipe) -> None:
-    """Fail before launching when the local backend cannot run ``recipe``."""
-    if recipe.image_overlay is not None:
+    """Fail before launching when this machine cannot run ``recipe`` (the Ray backend's own
+    checks are ``backends.ray_setup.check_ray_here``)."""
+    if recipe.image_overlay is not None and recipe.backend == "local":
         raise RecipeNotRunnableError(
             "image_overlay customises a cloud container image, but the local backend trains in "
             "this Python environment: remove image_overlay and pip install what the reward needs."
         )
-    if recipe.rollout_num_gpus:
+    if recipe.rollout_num_gpus and recipe.backend == "local":
         import torch
 
         available = torch.cuda.device_count()

@@ -31,7 +31,6 @@ def _request_stop(signum, frame) -> None:
 
 def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     """Train ``run`` and record the outcome; never raises for a training error."""
-    from palaestra.backends.local import build_local
     from palaestra.train.loop import run_training
 
     run.update_status(
@@ -45,7 +44,7 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     try:
         if config is None:
             config = cloudpickle.loads((run.path / "config.pkl").read_bytes())
-        run_training(config, run, build_local, resume=resume)
+        run_training(config, run, backend_of(config), resume=resume)
     except (StopRequested, KeyboardInterrupt):
         print("palaestra: stopped", flush=True)
         run.update_status(state="stopped", finished_at=time.time())
@@ -60,6 +59,17 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
         )
     else:
         run.update_status(state="completed", finished_at=time.time())
+
+
+def backend_of(config):
+    """The function that builds ``config``'s sampler and learner (``recipe.backend``)."""
+    if config.recipe.backend == "ray":
+        from palaestra.backends.ray import build_ray
+
+        return build_ray
+    from palaestra.backends.local import build_local
+
+    return build_local
 
 
 def main(argv: list[str]) -> None:

@@ -1,9 +1,9 @@
 """Rollout: engines (token ids in, sampled completions out), the rollout functions that turn
 prompts into samples, and the sampler that scores them into groups.
 
-An engine has two methods, so a backend can put it on another process or machine (a Ray actor,
-a vLLM engine) without the sampler noticing: ``generate_requests`` and ``update_weights``,
-which takes weights (a name -> tensor mapping) and their version, never a module.
+An engine has three methods, so a backend can put it on another process or machine (a Ray actor,
+a vLLM engine) without the sampler noticing: ``generate_requests``, ``update_weights``, which
+takes weights (a name -> tensor mapping) and their version, never a module, and ``close``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
         """Sample from ``weights`` (parameter name -> tensor) from the next request on."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds beyond this process (remote workers); may be a no-op."""
         ...
 
 

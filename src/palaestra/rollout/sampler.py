@@ -92,8 +92,11 @@ class GroupSampler:
         return {"eval_reward_mean": statistics.fmean(self._score(samples, "eval "))}
 
     def close(self) -> None:
-        if self.scorer is not None:
-            self.scorer.close()
+        try:
+            if self.scorer is not None:
+                self.scorer.close()
+        finally:
+            self.engine.close()
 
     def _params(self, seed: int) -> SamplingParams:
         recipe = self.recipe

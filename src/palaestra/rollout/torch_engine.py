@@ -90,6 +90,9 @@ class TorchEngine:
                     param.copy_(tensor)
         self.weight_version = version
 
+    def close(self) -> None:
+        """Nothing to free beyond the module, which the garbage collector owns."""
+
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
         from palaestra.rollout import GenerationRequest

@@ -85,8 +85,9 @@ def train_one_step(
 
     # 3. Update the policy, then 4. sync the sampler to it (the new weights are version `step`).
     train_metrics = learner.train_step(rollout.trained_B, advantages_B)
-    sampler.update_weights(learner.weights(), version=step)
     trained = time.monotonic()
+    sampler.update_weights(learner.weights(), version=step)
+    synced = time.monotonic()
 
     # 5. Evaluate, when due.
     eval_metrics = {}
@@ -101,7 +102,7 @@ def train_one_step(
         rollout.metrics,
         train_metrics,
         eval_metrics,
-        timings={"train_s": trained - sampled},
+        timings={"train_s": trained - sampled, "weight_sync_s": synced - trained},
     )
     state = TrainerState(step, state.last_step, rollout.cursor, run.run_id, rows, metrics)
     saved = None

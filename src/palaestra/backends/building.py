@@ -1,0 +1,107 @@
+"""The parts every backend builds the same way: the tokenizer and prompts, the learner, the
+engine over a policy, and the sampler around an engine.
+
+A backend decides only where each part lives: the local one puts them all in the run's process;
+the Ray one puts the learner in one actor and an engine in each rollout worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from palaestra.checkpoints import has_optimizer_state
+from palaestra.models.loading import compute_dtype, load_tokenizer
+from palaestra.rewards import RewardScorer
+from palaestra.rollout import RolloutEngine, TorchEngine
+from palaestra.rollout.demonstrations import DemonstrationSampler, demonstration
+from palaestra.rollout.prompts import prepare_prompts
+from palaestra.rollout.sampler import GroupSampler
+from palaestra.train.learner import Learner
+from palaestra.train.lora import load_policy
+from palaestra.train.reference import load_reference
+from palaestra.train.state import Start
+
+
+def device_of(config) -> str:
+    return "cuda" if config.recipe.rollout_num_gpus else "cpu"
+
+
+def starting_weights(config, start: Start) -> str:
+    """The full weights a run starts from: its checkpoint's, or its model's."""
+    return str(start.checkpoint) if start.checkpoint is not None else config.model.weights_path()
+
+
+def tokenizer_of(config, start: Start):
+    model = config.model
+    return load_tokenizer(starting_weights(config, start), model.chat_template, model.revision)
+
+
+@dataclass
+class PreparedData:
+    """A run's prompts, tokenized: what a sampler draws from and evaluates on."""
+
+    prompts: list
+    eval_prompts: list | None
+    demonstrations: list | None
+    """For ``loss_type="sft_loss"``: the rows' answers to imitate."""
+
+
+def prepare_data(config, tokenizer) -> PreparedData:
+    """Tokenized prompts (and SFT demonstrations) of the run's datasets. Called before any
+    model loads, so a bad dataset fails first."""
+    recipe = config.recipe
+    template_kwargs = recipe.apply_chat_template_kwargs
+    prompts = prepare_prompts(config.dataset, tokenizer, template_kwargs)
+    demos = None
+    if recipe.loss_type == "sft_loss":
+        chat = config.dataset.apply_chat_template
+        demos = [demonstration(p, tokenizer, chat, template_kwargs) for p in prompts]
+    eval_prompts = None
+    if config.eval_dataset is not None:
+        eval_prompts = prepare_prompts(config.eval_dataset, tokenizer, template_kwargs)
+    return PreparedData(prompts, eval_prompts, demos)
+
+
+def load_trainable_policy(config, start: Start, device: str) -> tuple[torch.nn.Module, bool]:
+    """The policy as the run trains it (LoRA adapters included, seeded so that fresh ones start
+    alike in every process), and whether the checkpoint's optimiser state fits it."""
+    torch.manual_seed(config.recipe.seed)
+    model, _, state_fits = load_policy(
+        config.recipe, starting_weights(config, start), start.checkpoint, config.model, device
+    )
+    model.config.use_cache = True
+    return model, state_fits
+
+
+def make_learner(config, start: Start, tokenizer, device: str) -> Learner:
+    """The run's learner: its policy, KL reference and (from a checkpoint) optimiser state."""
+    recipe, model_config = config.recipe, config.model
+    model, state_fits = load_trainable_policy(config, start, device)
+    reference = load_reference(recipe, model, model_config.weights_path(), model_config)
+    learner = Learner(model, recipe, reference, tokenizer)
+    checkpoint = start.checkpoint
+    if checkpoint is not None and state_fits and has_optimizer_state(checkpoint):
+        learner.load(checkpoint)
+    return learner
+
+
+def make_engine(model: torch.nn.Module, tokenizer, precision: str) -> TorchEngine:
+    """An engine sampling from ``model``, in bfloat16 (from a copy) where ``precision`` asks."""
+    dtype = compute_dtype(precision, next(model.parameters()).device)
+    return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
+
+
+def make_sampler(
+    config, engine: RolloutEngine, data: PreparedData
+) -> GroupSampler | DemonstrationSampler:
+    """The sampler of ``config`` over ``engine``: scored groups, or demonstrations for SFT."""
+    recipe = config.recipe
+    scorer = None
+    if recipe.custom_rm_function is not None:
+        scorer = RewardScorer(recipe.custom_rm_function, recipe, recipe.reward_timeout_s)
+    sampler = GroupSampler(engine, data.prompts, recipe, scorer, data.eval_prompts)
+    if data.demonstrations is not None:
+        return DemonstrationSampler(data.demonstrations, data.prompts, recipe, sampler)
+    return sampler
