@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from palaestra.backends.ray_setup import OverlayImage, runtime_env_of
 from palaestra.recipes import Recipe, RecipeNotRunnableError
+from palaestra.runs.handles import RunFailedError
 from tiny_runs import gate_path, gated_reward, tiny_config, wait_for, write_topics
 
 # The cluster's nodes are 127.0.0.2 (the head) and 127.0.0.3 (a node that joins): loopback
@@ -68,6 +69,11 @@ def data(tmp_path) -> Path:
     return write_topics(tmp_path / "topics.jsonl")
 
 
+def on_ray(address: str, model_dir: Path, data: Path, **fields):
+    """The tiny run of ``tiny_runs``, on the Ray cluster at ``address``."""
+    return tiny_config(model_dir, data, backend="ray", ray_address=address, **fields)
+
+
 def run_dir(home: Path, run_id: str) -> Path:
     return home / "runs" / run_id
 
@@ -83,29 +89,35 @@ def final_weights(home: Path, run_id: str) -> dict[str, torch.Tensor]:
     return load_file(next(folders[-1] / n for n in names if (folders[-1] / n).exists()))
 
 
-@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+ALGORITHMS = {
+    "grpo": {},
+    "lora": {"lora_rank": 4},
+    # DAPO's dynamic sampling: rounds of 3 prompts until 2 groups whose rewards differ.
+    "dapo": {"dynamic_sampling": True, "over_sampling_batch_size": 3, "eps_clip_high": 0.28},
+}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_two_workers_draw_the_local_samples_and_end_with_its_weights(
-    home, tiny_model_dir, data, ray_head, lora
+    home, tiny_model_dir, data, ray_head, algorithm
 ):
-    local = tiny_config(tiny_model_dir, data, lora_rank=lora).train()
-    on_ray = tiny_config(
-        tiny_model_dir, data, lora_rank=lora, backend="ray", num_rollout_workers=2,
-        ray_address=ray_head,
-    ).train()  # fmt: skip
+    fields = ALGORITHMS[algorithm]
+    local = tiny_config(tiny_model_dir, data, **fields).train()
+    remote = on_ray(ray_head, tiny_model_dir, data, num_rollout_workers=2, **fields).train()
     expected = samples_of(home, local.training_run_id)
-    got = samples_of(home, on_ray.training_run_id)
-    assert len(got) == 3 * 2 * 4
+    got = samples_of(home, remote.training_run_id)
+    assert len(got) >= 3 * 2 * 4
     # Every sample the same: prompt, tokens, reward; each tagged with the weights that drew it.
     keys = ("step", "index", "group_index", "response_tokens", "reward", "weight_version")
     assert [{k: s[k] for k in keys} for s in got] == [{k: s[k] for k in keys} for s in expected]
-    assert [s["weight_version"] for s in got] == [0] * 8 + [1] * 8 + [2] * 8
+    assert [s["weight_version"] for s in got] == [s["step"] - 1 for s in got]
     local_weights = final_weights(home, local.training_run_id)
-    ray_weights = final_weights(home, on_ray.training_run_id)
+    ray_weights = final_weights(home, remote.training_run_id)
     assert local_weights.keys() == ray_weights.keys()
     # The learner actor runs with other thread counts: sums in another order, within 1e-5.
     for name, tensor in local_weights.items():
         torch.testing.assert_close(ray_weights[name], tensor, rtol=0, atol=1e-5)
-    assert all(m["weight_sync_s"] >= 0 for m in on_ray.metrics())
+    assert all(m["weight_sync_s"] >= 0 for m in remote.metrics())
 
 
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
@@ -115,10 +127,7 @@ def test_every_worker_holds_the_learners_weights_after_a_sync(
     from palaestra.backends.ray import build_ray
     from palaestra.train.state import Start, TrainerState
 
-    config = tiny_config(
-        tiny_model_dir, data, lora_rank=lora, backend="ray", num_rollout_workers=2,
-        ray_address=ray_head,
-    )  # fmt: skip
+    config = on_ray(ray_head, tiny_model_dir, data, lora_rank=lora, num_rollout_workers=2)
     sampler, learner = build_ray(config, Start(None, TrainerState(0, 3)))
     try:
         pool = sampler.engine
@@ -160,10 +169,7 @@ def alive_actors() -> list[str]:
 
 def test_a_killed_worker_is_restarted_and_its_step_redone(home, tiny_model_dir, data, ray_head):
     local = tiny_config(tiny_model_dir, data).train()
-    config = tiny_config(
-        tiny_model_dir, data, reward=gated_reward, backend="ray", num_rollout_workers=2,
-        ray_address=ray_head,
-    )  # fmt: skip
+    config = on_ray(ray_head, tiny_model_dir, data, reward=gated_reward, num_rollout_workers=2)
     run, path = launched(config, home)
     wait_for(lambda: (path / "samples.jsonl").exists(), what="step 1")
     # Steps from 2 on wait in the reward, so worker 0 dies between sampling and the next step.
@@ -181,11 +187,23 @@ def test_a_killed_worker_is_restarted_and_its_step_redone(home, tiny_model_dir, 
     ]
 
 
+def test_a_killed_learner_fails_the_run_and_resume_continues(home, tiny_model_dir, data, ray_head):
+    config = on_ray(ray_head, tiny_model_dir, data, reward=gated_reward, save_interval=1)
+    run, path = launched(config, home)
+    wait_for(lambda: (path / "checkpoints" / "step_000001").exists(), what="step 1's checkpoint")
+    os.kill(actor_pids(path / "train.log")[0], signal.SIGKILL)
+    gate_path().touch()
+    with pytest.raises(RunFailedError, match="the learner actor died .* resume()"):
+        run.result(timeout=120)
+    wait_for(lambda: alive_actors() == [], timeout=60, what="the workers to end")
+    result = run.resume().result(timeout=180)
+    assert [m["step"] for m in result.metrics()] == [1, 2, 3]
+
+
 def test_stop_resume_and_continue_on_ray(home, tiny_model_dir, data, ray_head):
-    config = tiny_config(
-        tiny_model_dir, data, reward=gated_reward, backend="ray", num_rollout_workers=2,
-        ray_address=ray_head, save_interval=1,
-    )  # fmt: skip
+    config = on_ray(
+        ray_head, tiny_model_dir, data, reward=gated_reward, num_rollout_workers=2, save_interval=1
+    )
     run, path = launched(config, home)
     wait_for(lambda: (path / "checkpoints" / "step_000001").exists(), what="step 1's checkpoint")
     wait_for(lambda: len(alive_actors()) == 3, what="the run's three actors")
@@ -198,19 +216,15 @@ def test_stop_resume_and_continue_on_ray(home, tiny_model_dir, data, ray_head):
     result = resumed.result(timeout=180)
     assert [m["step"] for m in result.metrics()] == [1, 2, 3]
 
-    more = tiny_config(
-        tiny_model_dir, data, num_rollout=2, backend="ray", ray_address=ray_head,
-    ).model_copy(update={"checkpoint": result.checkpoints()[-1]})  # fmt: skip
+    more = on_ray(ray_head, tiny_model_dir, data, num_rollout=2)
+    more = more.model_copy(update={"checkpoint": result.checkpoints()[-1]})
     continued = more.launch().result(timeout=180)
     assert [m["step"] for m in continued.metrics()] == [4, 5]
     assert alive_actors() == []
 
 
 def test_a_killed_driver_leaves_no_actors(home, tiny_model_dir, data, ray_head):
-    config = tiny_config(
-        tiny_model_dir, data, reward=gated_reward, backend="ray", num_rollout_workers=2,
-        ray_address=ray_head,
-    )  # fmt: skip
+    config = on_ray(ray_head, tiny_model_dir, data, reward=gated_reward, num_rollout_workers=2)
     run, path = launched(config, home)
     wait_for(lambda: (path / "samples.jsonl").exists(), what="step 1")
     assert len(alive_actors()) == 3
@@ -290,10 +304,12 @@ def test_runtime_env_variables_reach_the_workers(home, tiny_model_dir, data, ray
 
     if ray.is_initialized():  # the job's runtime_env is set when the driver connects
         ray.shutdown()
-    config = tiny_config(
-        tiny_model_dir, data, backend="ray", ray_address=ray_head,
+    config = on_ray(
+        ray_head,
+        tiny_model_dir,
+        data,
         image_overlay=lambda image: image.env({"PALAESTRA_MARK": "overlay"}),
-    )  # fmt: skip
+    )
     sampler, _ = build_ray(config, Start(None, TrainerState(0, 1)))
     try:
         worker = sampler.engine.workers[0]
@@ -317,10 +333,7 @@ def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_
     wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, what="two nodes")
     ray.shutdown()
     # The workers' placement group spreads its bundles over the nodes when it can.
-    config = tiny_config(
-        tiny_model_dir, data, backend="ray", num_rollout_workers=2, ray_address=ray_head,
-        ray_cpus_per_worker=1,
-    )  # fmt: skip
+    config = on_ray(ray_head, tiny_model_dir, data, num_rollout_workers=2, ray_cpus_per_worker=1)
     result = config.launch().result(timeout=240)
     log = (run_dir(home, result.training_run_id) / "train.log").read_text()
     assert "2 rollout worker(s) on 2 node(s)" in log

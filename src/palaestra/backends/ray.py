@@ -282,16 +282,34 @@ class RayLearner:
         self.sync = sync
 
     def train_step(self, samples_B, advantages_B) -> dict:
-        return self.ray.get(self.actor.train_step.remote(list(samples_B), list(advantages_B)))
+        return self._get(self.actor.train_step.remote(list(samples_B), list(advantages_B)))
 
     def weights(self, everything: bool = False) -> RemoteWeights:
-        return RemoteWeights(self.sync.publish(self.actor, everything))
+        try:
+            return RemoteWeights(self.sync.publish(self.actor, everything))
+        except self.ray.exceptions.RayActorError as error:
+            raise self._died(error) from error
 
     def save(self, folder) -> None:
-        self.ray.get(self.actor.save.remote(str(folder)))
+        self._get(self.actor.save.remote(str(folder)))
 
     def load(self, folder) -> None:
-        self.ray.get(self.actor.load.remote(str(folder)))
+        self._get(self.actor.load.remote(str(folder)))
+
+    def _get(self, ref):
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as error:
+            raise self._died(error) from error
+
+    @staticmethod
+    def _died(error: Exception) -> RuntimeError:
+        """The learner holds the optimiser's state, so Ray does not restart it: the run fails,
+        and resume() continues from the last checkpoint."""
+        return RuntimeError(
+            f"the learner actor died ({type(error).__name__}); continue the run from its last "
+            "checkpoint with resume()"
+        )
 
 
 class WorkerPool:
@@ -308,6 +326,8 @@ class WorkerPool:
         self.cluster = cluster
         self.weight_version = 0
         self.deaths = 0
+        self.max_context = ray.get(workers[0].max_context.remote())
+        """Most tokens one row may hold, as the workers' engines count them."""
 
     def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
         if isinstance(weights, RemoteWeights):
@@ -496,5 +516,5 @@ class RolloutWorker(ActorBase):
     def digest(self, dtype: torch.dtype) -> str:
         return parameters_digest(self.engine.model, dtype)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def max_context(self) -> int:
+        return self.engine.max_context
