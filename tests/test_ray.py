@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from palaestra.backends.ray_setup import OverlayImage, runtime_env_of
+from palaestra.cli import main
 from palaestra.recipes import Recipe, RecipeNotRunnableError
 from palaestra.runs.handles import RunFailedError
 from tiny_runs import gate_path, gated_reward, tiny_config, wait_for, write_topics
@@ -167,7 +168,9 @@ def alive_actors() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.split(None, 1)[-1].startswith(titles)]
 
 
-def test_a_killed_worker_is_restarted_and_its_step_redone(home, tiny_model_dir, data, ray_head):
+def test_a_killed_worker_is_restarted_and_its_step_redone(
+    home, tiny_model_dir, data, ray_head, capsys
+):
     local = tiny_config(tiny_model_dir, data).train()
     config = on_ray(ray_head, tiny_model_dir, data, reward=gated_reward, num_rollout_workers=2)
     run, path = launched(config, home)
@@ -180,6 +183,12 @@ def test_a_killed_worker_is_restarted_and_its_step_redone(home, tiny_model_dir, 
     run.result(timeout=180)
     log = (path / "train.log").read_text()
     assert "rollout worker 0 died" in log
+    # The CLI reads a Ray run as any other, and says where it ran.
+    capsys.readouterr()
+    assert main(["run", "get", run.training_run_id]) == 0
+    shown = capsys.readouterr().out
+    assert "status     completed, step 3/3" in shown
+    assert f"backend    ray, 2 rollout worker(s) on {ray_head}" in shown
     keys = ("step", "index", "group_index", "response_tokens", "reward")
     expected = samples_of(home, local.training_run_id)
     assert [{k: s[k] for k in keys} for s in samples_of(home, run.training_run_id)] == [

@@ -288,6 +288,7 @@ def cmd_run_get(args: argparse.Namespace) -> int:
         ("status", f"{run['state']}, step {_steps(run)}"),
         ("error", run["error"]),
         ("group", _group_line(run)),
+        ("backend", _backend_line(recipe)),
         ("model", run["model"]),
         ("dataset", run["dataset"]),
         ("reward", f"{_number(run['reward_mean'])} (mean of the latest step)"),
@@ -311,6 +312,14 @@ def cmd_run_get(args: argparse.Namespace) -> int:
     for endpoint in run["endpoints"]:
         print(f"served at {endpoint['url']} ({endpoint['name']})")
     return 0
+
+
+def _backend_line(recipe: dict) -> str | None:
+    """Where a Ray run ran: its workers and cluster; nothing for the local backend."""
+    if recipe.get("backend") != "ray":
+        return None
+    where = recipe.get("ray_address") or "a Ray instance of its own"
+    return f"ray, {recipe.get('num_rollout_workers')} rollout worker(s) on {where}"
 
 
 def _group_line(run: dict) -> str | None:
