@@ -36,7 +36,7 @@ _EXPORTS = {
     "palaestra.serve": ["Endpoint", "EndpointError"],
     "palaestra.config": ["TrainConfig"],
     "palaestra.trackers": ["DashboardMetricConfig", "TrackioConfig", "WandbConfig"],
-    "palaestra.types": ["Sample"],
+    "palaestra.types": ["Environment", "Sample", "Step"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

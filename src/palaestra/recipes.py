@@ -9,7 +9,14 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 
@@ -26,6 +33,8 @@ class Recipe(BaseModel):
     - Optimiser: ``lr``, ``weight_decay``, ``max_grad_norm``.
     - LoRA: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``target_modules``.
     - Saving and evaluation: ``save_interval``, ``eval_interval``.
+    - Multi-turn: ``custom_generate_function``, ``extra_config``, ``environment``, ``tools``,
+      ``max_turns``, ``tool_error``, ``environment_timeout_s``, ``max_context_len``.
     - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``, ``seed``,
       ``image_overlay``.
     - Backend: ``backend``, ``num_rollout_workers``, ``ray_address``, ``ray_cpus_per_worker``,
@@ -152,6 +161,101 @@ class Recipe(BaseModel):
     eval_interval: int | None = Field(None, ge=1)
     """Score ``TrainConfig.eval_dataset`` (one sample per row, fixed seed) every this many
     steps, logged as ``eval_reward_mean``; None: never."""
+
+    # -- Multi-turn: episodes of several turns (a custom generate function, or an environment
+    #    and tools), see palaestra.rollout.multi_turn.
+    custom_generate_function: Callable[..., Any] | str | None = None
+    """Runs one multi-turn episode: ``async def fn(args, sample, sampling_params) -> sample``
+    (or ``"module:function"``), as in the Training Gym. It asks for each turn with ``await
+    args.engine.generate(token_ids, sampling_params)`` (one batched engine call per turn across
+    the step's episodes) and sets ``sample.response_token_ids``, ``loss_mask`` (1: sampled by the
+    model, 0: written by the environment), ``response_logprobs``, ``status`` and ``metadata``.
+    ``args`` has this recipe's fields, ``extra_config``'s keys, ``engine`` and ``tokenizer``."""
+    extra_config: dict[str, Any] = Field(default_factory=dict)
+    """Values for ``custom_generate_function`` and the reward, read as ``args.<key>``. A key may
+    not name a recipe field (set the field instead)."""
+    environment: Callable[[], Any] | str | None = None
+    """A multi-turn environment (``palaestra.types.Environment``): a class or factory called with
+    no arguments once per episode (or ``"module:Class"``). ``start(row)`` gives the first
+    messages, ``step(reply)`` feedback, a reward and done. Without ``custom_rm_function`` the
+    reward is the sum of the environment's rewards."""
+    tools: list[Any] = Field(default_factory=list)
+    """Functions the model may call (sync or async, typed, with a docstring), offered in the chat
+    template's tool format and parsed from ``<tool_call>`` tags; their results go back to the
+    model as ``tool`` messages, never trained on. Without ``environment``, the first reply that
+    calls no tool ends the episode."""
+    max_turns: int = Field(4, ge=1)
+    """Most replies the model samples in an episode of ``environment`` or ``tools`` (tool calls
+    included); an episode that reaches it ends as truncated."""
+    tool_error: Literal["message", "fail"] = "message"
+    """A tool that raises or times out: ``"message"`` (default) answers the model with the error
+    as the tool's result; ``"fail"`` fails the run naming the episode, turn and tool."""
+    environment_timeout_s: float | None = Field(60.0, gt=0)
+    """Seconds an environment method or tool call may take (for ``custom_generate_function``: the
+    time between two turns of an episode) before the run fails naming the episode, turn and
+    function; None: no limit."""
+    max_context_len: int | None = Field(None, ge=2)
+    """Most tokens (prompt and every turn) a multi-turn episode may hold; an episode that would
+    pass it ends as truncated. None: the model's context."""
+
+    @field_validator("custom_generate_function", "environment")
+    @classmethod
+    def _check_named(cls, value: Any) -> Any:
+        if isinstance(value, str) and ":" not in value:
+            raise ValueError(f"a function named by string must be 'module:function', got {value!r}")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[Any]) -> list[Any]:
+        names = [getattr(tool, "__name__", None) for tool in value]
+        for tool, name in zip(value, names, strict=True):
+            if not callable(tool) or not name:
+                raise ValueError(f"each tool must be a named function, got {tool!r}")
+        if len(set(names)) < len(names):
+            raise ValueError(f"tool names must differ, got {names}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_multi_turn(self) -> Recipe:
+        taken = [key for key in self.extra_config if key in type(self).model_fields]
+        if taken:
+            raise ValueError(
+                f"extra_config key {taken[0]!r} is a Recipe field; set Recipe({taken[0]}=...) "
+                f"instead (the function reads it as args.{taken[0]} either way)"
+            )
+        if self.custom_generate_function is not None and (self.environment or self.tools):
+            raise ValueError(
+                "custom_generate_function runs its own episode loop; environment and tools feed "
+                "the built-in one: set one or the other"
+            )
+        multi_turn = self.custom_generate_function is not None or self.environment or self.tools
+        if multi_turn and self.loss_type == "sft_loss":
+            raise ValueError("loss_type='sft_loss' trains on the dataset's answers, not episodes")
+        if self.environment is not None and self.custom_rm_function is None:
+            self.custom_rm_function = "palaestra.rollout.environments:environment_reward"
+        return self
+
+    @field_serializer("custom_generate_function", "environment")
+    def _dump_function(self, value: Any) -> str | None:
+        return self._function_name(value)
+
+    @field_serializer("tools")
+    def _dump_tools(self, value: list[Any]) -> list[str | None]:
+        return [self._function_name(tool) for tool in value]
+
+    @staticmethod
+    def _function_name(value: Any) -> str | None:
+        """A callable as ``module:qualname`` for config.json (a string stays as it is)."""
+        if value is None or isinstance(value, str):
+            return value
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return f"{getattr(value, '__module__', type(value).__module__)}:{name}"
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether a step's samples are multi-turn episodes."""
+        return bool(self.custom_generate_function or self.environment or self.tools)
 
     # -- Infra: arithmetic, memory, devices, seed.
     precision: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -15,7 +15,7 @@ same data flattened, and ``mask_B_T`` marks the response tokens of each padded s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 
 @dataclass
@@ -69,8 +69,9 @@ class Sample:
     """Position of this sample within its group (0 .. n_samples_per_prompt - 1)."""
     step: int = 0
     """The training step that sampled it."""
-    messages: list[dict[str, str]] = field(default_factory=list)
-    """The prompt as chat messages."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The prompt as chat messages; for a multi-turn episode, the whole conversation: the
+    prompt's messages, then each turn, the model's marked ``"trained": True``."""
     prompt_token_ids: list[int] = field(default_factory=list)
     response_token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "stop"
@@ -82,6 +83,9 @@ class Sample:
     response token is the model's (single-turn)."""
     weight_version: int = 0
     """The policy version that sampled it: the step whose update the engine had loaded."""
+    status: Literal["completed", "truncated", "aborted"] = "completed"
+    """How a multi-turn episode ended: ``"completed"`` (done), ``"truncated"`` (out of turns or
+    context; ``finish_reason`` is then ``"length"``) or ``"aborted"`` (never trained on)."""
     reward: float | None = None
     """Filled in after the reward function ran."""
 
@@ -95,6 +99,37 @@ class Sample:
                 f"{len(self.loss_mask)} entries for {len(self.response_token_ids)} response tokens"
             )
         return self.loss_mask
+
+
+@dataclass
+class Step:
+    """What an environment answers to one reply of the model."""
+
+    messages: list[dict[str, Any]] | str = field(default_factory=list)
+    """What the environment says next (a string: one user message); empty when it is done."""
+    reward: float = 0.0
+    """Reward for this reply; an episode's rewards add up."""
+    done: bool = False
+    """True ends the episode."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Merged into ``sample.metadata``, where a reward can read it and numbers are charted."""
+
+
+class Environment(Protocol):
+    """An episode of a multi-turn task: the first messages, then feedback on each reply.
+
+    ``Recipe.environment`` (or ``EvalConfig.environment``) is a class or factory called with no
+    arguments once per episode, so each episode keeps its own state on ``self``. Either method
+    may be ``async def``.
+    """
+
+    def start(self, row: dict[str, Any]) -> list[dict[str, Any]] | str:
+        """The episode's first messages, from its dataset row (a string: one user message)."""
+        ...
+
+    def step(self, reply: str) -> Step:
+        """Feedback on the model's reply (its text, tool calls already answered)."""
+        ...
 
 
 @dataclass

@@ -16,8 +16,10 @@ from palaestra.models.loading import compute_dtype, load_tokenizer
 from palaestra.rewards import RewardScorer
 from palaestra.rollout import RolloutEngine, TorchEngine
 from palaestra.rollout.demonstrations import DemonstrationSampler, demonstration
+from palaestra.rollout.multi_turn import MultiTurnRollout, RunArgs
 from palaestra.rollout.prompts import prepare_prompts
 from palaestra.rollout.sampler import GroupSampler
+from palaestra.rollout.single_turn import single_turn
 from palaestra.train.learner import Learner
 from palaestra.train.lora import load_policy
 from palaestra.train.reference import load_reference
@@ -100,8 +102,19 @@ def make_sampler(
     recipe = config.recipe
     scorer = None
     if recipe.custom_rm_function is not None:
-        scorer = RewardScorer(recipe.custom_rm_function, recipe, recipe.reward_timeout_s)
-    sampler = GroupSampler(engine, data.prompts, recipe, scorer, data.eval_prompts)
+        # With extra_config, the reward reads its keys as attributes of args, as the episode does.
+        args = RunArgs(recipe) if recipe.extra_config else recipe
+        scorer = RewardScorer(recipe.custom_rm_function, args, recipe.reward_timeout_s)
+    rollout_fn = single_turn
+    if recipe.multi_turn:
+        # The Ray backend's engine is a pool of workers without a tokenizer of its own.
+        tokenizer = getattr(engine, "tokenizer", None) or load_tokenizer(
+            config.model.weights_path(), config.model.chat_template, config.model.revision
+        )
+        rollout_fn = MultiTurnRollout(recipe, tokenizer, getattr(engine, "max_context", None))
+    sampler = GroupSampler(
+        engine, data.prompts, recipe, scorer, data.eval_prompts, rollout_fn=rollout_fn
+    )
     if data.demonstrations is not None:
         return DemonstrationSampler(data.demonstrations, data.prompts, recipe, sampler)
     return sampler

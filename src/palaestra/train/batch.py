@@ -55,8 +55,9 @@ def build_train_batch(
     mask aligned to next-token logits (see ``TrainBatch.mask_B_T``).
 
     With ``mask_truncated``, responses cut at the length limit get an all-zero mask: they stay
-    in the batch (and in their group's baseline) but add nothing to the loss. The sampler's
-    log-probs come along when every sample has them.
+    in the batch (and in their group's baseline) but add nothing to the loss; so do aborted
+    episodes, always. The sampler's log-probs come along when every sample has them (a
+    multi-turn sample has one for each response token, 0 where the environment wrote it).
     """
     lengths = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples_B]
     width = max(lengths)
@@ -71,7 +72,11 @@ def build_train_batch(
         attention_mask_B_T[b, :total] = 1
         # Logits at t predict token t + 1: response tokens prompt_len .. total - 1 are
         # predicted from positions prompt_len - 1 .. total - 2.
-        if not (mask_truncated and sample.finish_reason == "length"):
+        # An aborted episode stays in its group's baseline but is never trained on.
+        skipped = sample.status == "aborted" or (
+            mask_truncated and sample.finish_reason == "length"
+        )
+        if not skipped:
             mask_B_T[b, prompt_len - 1 : total - 1] = torch.tensor(
                 sample.response_mask(), dtype=torch.float32
             )

@@ -18,8 +18,10 @@ def sample_rows(samples_B: list[Sample], trained_B: list[Sample], advantages_B) 
 
 
 def sample_row(sample: Sample, advantage: float | None) -> dict[str, Any]:
-    """A samples.jsonl row; ``advantage`` None: the sample's group was dropped, not trained."""
-    return {
+    """A samples.jsonl row; ``advantage`` None: the sample's group was dropped, not trained. A
+    multi-turn sample's row also has the conversation (``messages``, the model's turns marked
+    ``"trained"``), its ``status`` and the loss mask as ``mask_spans``."""
+    row = {
         "step": sample.step,
         "index": sample.index,
         "group_index": sample.group_index,
@@ -34,6 +36,25 @@ def sample_row(sample: Sample, advantage: float | None) -> dict[str, Any]:
         "weight_version": sample.weight_version,
         "metadata": sample.metadata,
     }
+    if sample.loss_mask is not None:
+        row |= {
+            "status": sample.status,
+            "messages": sample.messages,
+            "mask_spans": mask_spans(sample.loss_mask),
+        }
+    return row
+
+
+def mask_spans(loss_mask: list[int]) -> list[list[int]]:
+    """The mask as ``[start, end)`` ranges of response tokens that are trained on: exact, and
+    short however long the episode."""
+    spans: list[list[int]] = []
+    for t, value in enumerate(loss_mask):
+        if value and spans and spans[-1][1] == t:
+            spans[-1][1] = t + 1
+        elif value:
+            spans.append([t, t + 1])
+    return spans
 
 
 def metrics_row(step: int, *parts: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
