@@ -3,6 +3,11 @@
     result = EvalConfig(dataset=eval_dataset, eval_fn=score_haiku).evaluate(endpoint)
     result.mean, result.rows
 
+With an ``environment`` (``palaestra.types.Environment``), each row is a multi-turn episode
+played against the endpoint: the environment's first messages, the endpoint's reply, the
+environment's feedback, and so on until it is done or ``max_turns`` replies were made; the row
+scores the sum of the environment's rewards and keeps the conversation.
+
 Requests go out concurrently (the endpoint batches them into shared generation passes). Every
 result is saved as ``<home>/evals/<id>.json`` (mean, total, and each row's prompt, response and
 score, with the endpoint's model, checkpoint, run and step), so the dashboard can show it beside
@@ -26,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from palaestra.data import DatasetConfig
 from palaestra.runs.evals import save_eval
+from palaestra.types import Step
 
 
 @dataclass
@@ -52,7 +58,8 @@ class EvalConfig(BaseModel):
 
     - ``eval_fn(text) -> float``: scores the response's visible content (``score_haiku``);
     - ``eval_response_fn(message, row) -> float``: gets the whole reply message (``content``,
-      ``reasoning_content``) and the dataset row, for scores that need the reference answer.
+      ``reasoning_content``) and the dataset row, for scores that need the reference answer;
+    - ``environment``: plays each row as a multi-turn episode, scored by its rewards.
 
     Either may be ``async def``. The dataset may be passed by position:
     ``EvalConfig(eval_dataset, eval_fn=score_haiku)``.
@@ -67,6 +74,12 @@ class EvalConfig(BaseModel):
     content is empty)."""
     eval_response_fn: Callable[[dict[str, Any], dict[str, Any]], float] | None = None
     """``eval_response_fn(message, row) -> float``, on the whole reply message and the row."""
+    environment: Callable[[], Any] | None = None
+    """A multi-turn environment class or factory (as ``Recipe.environment``), called once per
+    row: ``start(row)`` opens the episode, ``step(reply)`` answers each reply of the endpoint;
+    the row's score is the sum of the rewards."""
+    max_turns: int = Field(4, ge=1)
+    """With ``environment``: most replies per episode (an episode that reaches it just ends)."""
     generate_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Sent with every request: ``max_tokens``, ``temperature``, ``seed``,
     ``chat_template_kwargs``... (never ``n``: see ``n_samples_per_prompt``)."""
@@ -94,8 +107,15 @@ class EvalConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_scorer(self) -> EvalConfig:
-        if (self.eval_fn is None) == (self.eval_response_fn is None):
-            raise ValueError("EvalConfig needs exactly one of eval_fn or eval_response_fn")
+        scorers = [self.eval_fn, self.eval_response_fn, self.environment]
+        if sum(scorer is not None for scorer in scorers) != 1:
+            raise ValueError(
+                "EvalConfig needs exactly one of eval_fn or eval_response_fn (or an environment)"
+            )
+        if self.environment is not None and self.n_samples_per_prompt != 1:
+            raise ValueError(
+                "with an environment, each row plays one episode: n_samples_per_prompt=1"
+            )
         if "n" in self.generate_kwargs:
             raise ValueError("set n_samples_per_prompt rather than generate_kwargs['n']")
         return self
@@ -121,6 +141,10 @@ class EvalConfig(BaseModel):
 
         def score_one(prompt) -> dict[str, Any]:
             nonlocal done
+            if self.environment is not None:
+                row = self._play(deployment, prompt, extra)
+                done += 1
+                return row
             if chat:
                 reply = deployment.chat_completion(prompt.messages, **extra)
                 messages = [choice["message"] for choice in reply["choices"]]
@@ -155,6 +179,35 @@ class EvalConfig(BaseModel):
         result = EvalResult(mean=mean, total=len(rows), rows=rows)
         self._save(result, deployment, elapsed, max_concurrency)
         return result
+
+    def _play(self, deployment: Any, prompt, extra: dict[str, Any]) -> dict[str, Any]:
+        """One episode of the environment against ``deployment``, as a result row."""
+        env = _env_call(self.environment, prompt, 0, "factory")
+        first = _env_call(env.start, prompt, 0, "start", prompt.metadata)
+        messages = _env_messages(first, prompt, 0, env.start)
+        score, reply = 0.0, ""
+        for turn in range(1, self.max_turns + 1):
+            answer = deployment.chat_completion(messages, **extra)["choices"][0]["message"]
+            reply = answer.get("content") or ""
+            messages.append({"role": "assistant", "content": reply})
+            step = _env_call(env.step, prompt, turn, "step", reply)
+            if not isinstance(step, Step) or not isinstance(step.reward, int | float):
+                raise RuntimeError(
+                    f"eval: row {prompt.index}, turn {turn}: {_qualname(env.step)} returned "
+                    f"{step!r:.100}; it must return a Step with a numeric reward"
+                )
+            score += float(step.reward)
+            if step.done:
+                break
+            messages += _env_messages(step.messages, prompt, turn, env.step)
+        return {
+            "index": prompt.index,
+            "prompt": messages[0]["content"],
+            "response": reply,
+            "score": score,
+            "turns": sum(m["role"] == "assistant" for m in messages),
+            "messages": messages,
+        }
 
     def _score(self, prompt, message: dict[str, Any]) -> float:
         content = message.get("content") or ""
@@ -193,6 +246,32 @@ class EvalConfig(BaseModel):
                 "rows": result.rows,
             }
         )
+
+
+def _qualname(fn: Any) -> str:
+    return getattr(fn, "__qualname__", type(fn).__qualname__)
+
+
+def _env_call(fn: Callable, prompt, turn: int, what: str, *args: Any) -> Any:
+    """``fn(*args)`` (awaited if async); an error names the row, the turn and ``fn``."""
+    try:
+        return _call(fn, *args)
+    except Exception as error:
+        raise RuntimeError(
+            f"eval: row {prompt.index}, turn {turn}: {_qualname(fn)} ({what}) raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+def _env_messages(value: Any, prompt, turn: int, fn: Callable) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+        return [dict(m) for m in value]
+    raise RuntimeError(
+        f"eval: row {prompt.index}, turn {turn}: {_qualname(fn)} returned {value!r:.100}; "
+        "messages are a string or a list of {'role': ..., 'content': ...} dicts"
+    )
 
 
 def _call(fn: Callable, *args: Any) -> Any:

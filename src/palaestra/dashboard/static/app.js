@@ -249,6 +249,19 @@ function promptSnippet(text) {
   return clean.length > 40 ? "…" + clean.slice(-40) : clean;
 }
 
+// A multi-turn trace as a conversation, turn by turn, after the prompt's own messages: the
+// model's turns (trained on) apart from what the environment or a tool wrote (never trained).
+function conversation(r) {
+  const turns = (r.messages || []).filter((m) => "trained" in m);
+  const trained = (r.mask_spans || []).reduce((n, [a, b]) => n + b - a, 0);
+  return h("div", { class: "conversation" },
+    turns.map((m, i) => h("div", { class: `turn ${m.trained ? "trained" : "environment"}`, "data-turn": i },
+      h("span", { class: "role" }, m.trained ? `${m.role} · trained` : m.role),
+      h("pre", {}, m.content))),
+    h("div", { class: "muted turn-summary" },
+      `${turns.filter((m) => m.trained).length} model turns, ${trained} of ${r.response_tokens} tokens trained`));
+}
+
 // Traces: every sample of the chosen step, grouped by prompt or sorted by a numeric column.
 function tracesView() {
   const root = h("div", { id: "traces" });
@@ -289,9 +302,10 @@ function tracesView() {
       return h("tr", { class: first ? "trace group-start" : "trace", "data-index": r.index, "data-group-index": r.group_index },
         h("td", { class: "num" }, r.index), h("td", { class: "num" }, r.group_index),
         h("td", {}, h("details", { class: "prompt" }, h("summary", {}, promptSnippet(r.prompt)), h("pre", {}, r.prompt))),
-        h("td", {}, h("pre", { class: "response" }, r.response)),
+        h("td", {}, r.mask_spans ? conversation(r) : h("pre", { class: "response" }, r.response)),
         h("td", { class: "num reward" }, fmt.num(r.reward)), h("td", { class: "num advantage" }, fmt.num(r.advantage)),
-        h("td", {}, r.finish_reason || "–"), h("td", { class: "num" }, r.response_tokens ?? "–"),
+        h("td", {}, r.status && r.status !== "completed" ? r.status : r.finish_reason || "–"),
+        h("td", { class: "num" }, r.response_tokens ?? "–"),
         metaKeys.map((k) => h("td", { class: "num" }, fmt.num((r.metadata || {})[k]))));
     });
     root.replaceChildren(
