@@ -1,4 +1,5 @@
-# The two entry points: `make haiku` (the haiku tutorial on the embedded model) and `make test`.
+# The two entry points: `make haiku` (the haiku tutorial on the embedded model) and `make test`;
+# `make number-guess` runs the multi-turn tutorial.
 # Both set up .venv first. torch is installed pinned, on its own, before anything that needs it,
 # so pip takes the CPU build instead of pulling a multi-GB CUDA one.
 
@@ -6,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup haiku test lint
+.PHONY: setup haiku number-guess test lint
 
 setup: $(VENV)/.installed
 
@@ -21,6 +22,9 @@ $(VENV)/.installed: pyproject.toml
 
 haiku: setup
 	$(PY) examples/haiku.py
+
+number-guess: setup
+	$(PY) examples/number_guess.py
 
 test: setup
 	$(PY) -m pytest -q
