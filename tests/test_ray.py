@@ -24,6 +24,7 @@ from palaestra.backends.ray_setup import OverlayImage, runtime_env_of
 from palaestra.cli import main
 from palaestra.recipes import Recipe, RecipeNotRunnableError
 from palaestra.runs.handles import RunFailedError
+from test_multiturn import LowercaseGame
 from tiny_runs import gate_path, gated_reward, tiny_config, wait_for, write_topics
 
 # The cluster's nodes are 127.0.0.2 (the head) and 127.0.0.3 (a node that joins): loopback
@@ -95,6 +96,8 @@ ALGORITHMS = {
     "lora": {"lora_rank": 4},
     # DAPO's dynamic sampling: rounds of 3 prompts until 2 groups whose rewards differ.
     "dapo": {"dynamic_sampling": True, "over_sampling_batch_size": 3, "eps_clip_high": 0.28},
+    # Episodes of two replies: each turn's batched call is split over the workers.
+    "multi-turn": {"environment": LowercaseGame, "max_turns": 2, "rollout_max_response_len": 6},
 }
 
 
