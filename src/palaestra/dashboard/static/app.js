@@ -212,7 +212,7 @@ const CHARTS = [
   { id: "kl", title: "KL", keys: ["kl"] },
   { id: "entropy", title: "Entropy", keys: ["entropy"] },
   { id: "length", title: "Response length (tokens)", keys: ["response_length_mean", "response_length_max"] },
-  { id: "timing", title: "Step time (s)", keys: ["rollout_s", "reward_s", "train_s", "save_s"] },
+  { id: "timing", title: "Step time (s)", keys: ["rollout_s", "reward_s", "train_s", "weight_sync_s", "save_s"] },
   { id: "grad_norm", title: "Gradient norm", keys: ["grad_norm"] },
 ];
 
