@@ -1,14 +1,15 @@
 """What the Ray backend costs on one machine: the same haiku run on the local backend and on Ray
 with one rollout worker, side by side, and where a Ray step's time goes.
 
-    PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/ray_overhead.py [--steps 5]
+    PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/ray_overhead.py [--steps 10]
 
 Both runs call what a user's run calls (``TrainConfig.train()``), from the same seed, so they
 sample the same haikus. The Ray run starts a Ray instance of its own (included in neither step
 time). Per step: rollout (sampling and reward), train (the learner's update), weight sync (the
 learner's weights into every worker) and the whole step, each the median over the steps after
-the first (which warms up). Few cores here, so more workers would only share them: the split
-is what a reader needs to see where time would go on a cluster.
+the first (which warms up; the learner actor, a fresh process, takes a few steps more to reach
+its pace, so short runs overstate the overhead). Few cores here, so more workers would only
+share them: the split is what a reader needs to see where time would go on a cluster.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def time_run(steps: int, backend: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--order", default="local,ray", help="backends, timed in this order")
     args = parser.parse_args()
     SmolLM2_135M().weights_path()  # convert the GGUF once, outside the timings
