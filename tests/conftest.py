@@ -15,14 +15,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer():
-    """A character-level tokenizer with ChatML special tokens; nothing downloaded."""
+def build_tokenizer(extra_tokens: tuple[str, ...] = ()):
+    """A character-level tokenizer with ChatML special tokens; nothing downloaded.
+    ``extra_tokens`` join the vocabulary last; encoding never produces them (the
+    pre-tokenizer splits every character), though a model can sample them."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
     chars = list(string.ascii_letters + string.digits + string.punctuation + " \n")
-    vocab = {token: i for i, token in enumerate(specials + chars)}
+    vocab = {token: i for i, token in enumerate(specials + chars + list(extra_tokens))}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()

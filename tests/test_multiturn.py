@@ -240,26 +240,8 @@ def test_a_failing_tool_answers_the_model_or_fails_the_run_as_chosen(tokenizer):
 
 
 def merging_tokenizer():
-    """The character tokenizer plus one token for "ab" that encoding never produces (the
-    pre-tokenizer splits every character), though a model can sample it."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    base = build_tokenizer()
-    vocab = dict(base.get_vocab())
-    vocab["ab"] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        eos_token=END,
-        pad_token=END,
-        additional_special_tokens=[START],
-    )
-    tokenizer.chat_template = base.chat_template
-    return tokenizer
+    """The character tokenizer plus one token for "ab" that encoding never produces."""
+    return build_tokenizer(extra_tokens=("ab",))
 
 
 class MergedReplies(ScriptedEngine):
