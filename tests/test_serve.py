@@ -182,7 +182,10 @@ def test_concurrent_requests_share_generation_passes(client, endpoint):
     after = health(endpoint)
     assert len(replies) == 8
     assert after["rows"] - before["rows"] == 8
-    assert after["passes"] - before["passes"] < 8
+    # One at a time would take a pass per token; sharing passes takes about one per token of
+    # the longest reply, plus a few while the requests arrive.
+    tokens = sum(reply.usage.completion_tokens for reply in replies)
+    assert after["passes"] - before["passes"] <= tokens / 2, tokens
 
 
 @pytest.mark.parametrize(

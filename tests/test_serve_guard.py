@@ -213,6 +213,7 @@ def short_request(prompt, tag: int = 0, max_tokens: int = 1):
 def test_a_cancelled_request_is_never_generated_if_its_pass_has_not_begun():
     import asyncio
 
+    from palaestra.rollout.torch_engine import PassDecoder
     from palaestra.serve.batcher import Batcher
 
     gate, seen = threading.Event(), []
@@ -235,7 +236,7 @@ def test_a_cancelled_request_is_never_generated_if_its_pass_has_not_begun():
         await first
         await batcher.submit(short_request([], 3))
 
-    batcher = Batcher(generate, window_s=0.0)
+    batcher = Batcher(PassDecoder(generate))
     try:
         asyncio.run(scenario(batcher))
     finally:
@@ -279,6 +280,7 @@ def test_cancelling_a_request_in_its_pass_lets_the_next_one_run_at_once(endless_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from palaestra.rollout import TorchEngine
+    from palaestra.rollout.torch_engine import PassDecoder
     from palaestra.serve.batcher import Batcher
 
     model = AutoModelForCausalLM.from_pretrained(endless_dir)
@@ -300,7 +302,7 @@ def test_cancelling_a_request_in_its_pass_lets_the_next_one_run_at_once(endless_
         await batcher.submit(short_request(prompt))
         return time.monotonic() - begun
 
-    batcher = Batcher(generate, window_s=0.0)
+    batcher = Batcher(PassDecoder(generate))
     try:
         waited = asyncio.run(scenario(batcher))
     finally:

@@ -1,22 +1,32 @@
-"""The torch rollout engine: batched KV-cached sampling with per-row settings, on any HF causal LM.
+"""The torch rollout engine: continuous batching over a slot KV cache, on any HF causal LM.
 
-Every row of every request shares each forward pass: a request's prompt is prefilled once
-(left-padded, with position ids that skip the padding) and its cache copied to its ``n`` rows;
-then each decode step feeds one token per row. A row that finishes (end-of-sequence, a stop
-string, its own ``max_tokens``, its request's ``cancel`` set) leaves the batch and the cache
-shrinks, so short rows never wait on long ones. Built over the very module a learner updates
-(in its own precision), a weight update finds the tensors already in place and copies nothing.
+Rows (a request's ``n`` completions) join the running batch at the next forward pass and leave
+it the moment they finish (end-of-sequence, a stop string, their own ``max_tokens``, their
+request's ``cancel`` set); a request's prompt is prefilled once, inside a pass that also decodes
+the rows already running, and its keys and values are copied to its other rows' slots. No row
+waits for another row's end, and no row's tokens depend on what else is in the pass
+(``models/slot_attention.py`` says how). A ``Decoder`` is that loop, one pass per ``step()``;
+``generate_requests`` runs one until its requests are done, and a server keeps one running.
+
+Models whose layers are not all plain attention (sliding windows, linear attention) generate
+in padded passes instead: one pass per batch of requests, over transformers' own cache layers.
+Built over the very module a learner updates (in its own precision), a weight update finds the
+tensors already in place and copies nothing.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
-from palaestra.models.kv_cache import cache_argument, make_cache
+from palaestra.models import slot_attention
+from palaestra.models.kv_cache import cache_argument, has_plain_attention, make_cache
 from palaestra.rollout.sampling import row_seed, sample_next_tokens
 from palaestra.types import Completion
 
@@ -35,6 +45,13 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     text: str | None = None
     finish_reason: str | None = None
+    slot: int = -1
+    """Its slot in a decoder's cache while it runs."""
+    length: int = 0
+    """Positions of its slot filled so far (its prompt, then all but its latest token)."""
+
+    def completion(self) -> Completion:
+        return Completion(self.token_ids, self.text, self.finish_reason, self.logprobs)
 
 
 class TorchEngine:
@@ -56,6 +73,8 @@ class TorchEngine:
         if dtype is not None and next(model.parameters()).dtype != dtype:
             self.model = sampling_copy(model, dtype)
         self.weight_version = 0
+        self.continuous = has_plain_attention(self.model.config)
+        """Whether it generates by continuous batching (every layer plain attention)."""
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tokenizer.eos_token_id is not None:
@@ -99,32 +118,52 @@ class TorchEngine:
 
         return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
 
+    def decoder(self, max_batch: int | None = None):
+        """A generation loop to feed requests into while it runs: a ``Decoder``, or for models
+        the slot cache cannot hold, a ``PassDecoder`` over padded passes."""
+        if self.continuous:
+            return Decoder(self, max_batch or self.max_batch)
+        return PassDecoder(self._generate_padded, max_batch or self.max_batch)
+
     def generate_requests(self, requests: list) -> list[list[Completion]]:
         """``request.n`` completions of each request, all requests batched together."""
-        device = next(self.model.parameters()).device
-        rows: list[_Row] = []
-        for r, request in enumerate(requests):
-            self._check(r, request)
-            params = request.params
-            for j in range(request.n):
-                if params.seed is not None:
-                    seed = row_seed(params.seed, j)
-                else:  # still reproducible under torch.manual_seed
-                    seed = int(torch.randint(2**62, (1,)))
-                generator = torch.Generator(device).manual_seed(seed)
-                rows.append(_Row(r, params, generator, len(request.token_ids), j))
+        for index, request in enumerate(requests):
+            self._check(index, request)
+        decoder = self.decoder()
+        futures = [decoder.add(request) for request in requests]
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(rows), self.max_batch):
-                self._run(rows[start : start + self.max_batch], requests, device)
+            while decoder.busy:
+                decoder.step()
         finally:
             self.model.train(was_training)
+            decoder.close()
+        return [future.result() for future in futures]
+
+    def _rows(self, request, index: int) -> list[_Row]:
+        """The rows of ``request``, each with its own generator."""
+        device = next(self.model.parameters()).device
+        params, rows = request.params, []
+        for j in range(request.n):
+            if params.seed is not None:
+                seed = row_seed(params.seed, j)
+            else:  # still reproducible under torch.manual_seed
+                seed = int(torch.randint(2**62, (1,)))
+            generator = torch.Generator(device).manual_seed(seed)
+            rows.append(_Row(index, params, generator, len(request.token_ids), j))
+        return rows
+
+    def _generate_padded(self, requests: list) -> list[list[Completion]]:
+        """All requests in padded passes of at most ``max_batch`` rows (models with other
+        than plain attention layers)."""
+        device = next(self.model.parameters()).device
+        rows = [row for r, request in enumerate(requests) for row in self._rows(request, r)]
+        for start in range(0, len(rows), self.max_batch):
+            self._run_padded(rows[start : start + self.max_batch], requests, device)
         completions: list[list[Completion]] = [[] for _ in requests]
         for row in rows:
-            completions[row.request].append(
-                Completion(row.token_ids, row.text, row.finish_reason, row.logprobs)
-            )
+            completions[row.request].append(row.completion())
         return completions
 
     def _check(self, index: int, request) -> None:
@@ -144,7 +183,7 @@ class TorchEngine:
             )
 
     @torch.inference_mode()
-    def _run(self, rows: list[_Row], requests: list, device: torch.device) -> None:
+    def _run_padded(self, rows: list[_Row], requests: list, device: torch.device) -> None:
         # Prefill each distinct request once, then give each of its rows a copy of the cache.
         unique = sorted({row.request for row in rows})
         prompts = [requests[r].token_ids for r in unique]
@@ -234,6 +273,214 @@ class TorchEngine:
             return False
         row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         return True
+
+
+@dataclass
+class _Pending:
+    """A request in a decoder: its rows, and the future its completions go to."""
+
+    request: object
+    rows: list[_Row]
+    future: Future
+    running: int = 0
+
+
+class Decoder:
+    """Continuous batching: ``add`` requests at any time, ``step`` runs one forward pass.
+
+    Each pass decodes one token of every running row, prefills the requests admitted since the
+    last pass (as many as fit in ``max_batch`` rows, oldest first; a request larger than that
+    runs alone), and retires the rows that finish, freeing their slots for the next pass.
+    Only the thread that calls ``step`` may touch it, except ``add``, which any thread may call.
+    """
+
+    def __init__(self, engine: TorchEngine, max_batch: int) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        parameter = next(engine.model.parameters())
+        self.kv = slot_attention.SlotKV(engine.model.config, parameter.dtype, parameter.device)
+        self.waiting: deque[_Pending] = deque()
+        self.running: dict[int, tuple[_Row, _Pending]] = {}
+        """Slot -> the row that holds it, and its request."""
+        self.steps = 0
+        """Forward passes run so far."""
+        self.rows = 0
+        """Rows admitted so far."""
+        self.last_step_s = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request) -> Future:
+        """Queue ``request``; its future gets ``request.n`` completions once all are done.
+
+        A request the engine cannot take (no prompt, over the context) raises here.
+        """
+        self.engine._check(0, request)
+        future: Future = Future()
+        self.waiting.append(_Pending(request, self.engine._rows(request, 0), future))
+        return future
+
+    def close(self) -> None:
+        """Free the cache; a later ``step`` makes a new one."""
+        self.kv.release()
+
+    def fail(self, error: BaseException) -> None:
+        """Hand ``error`` to every request not yet answered, and forget them all."""
+        pending = {id(p): p for _, p in self.running.values()} | {id(p): p for p in self.waiting}
+        self.running.clear()
+        self.waiting.clear()
+        self.kv.release()
+        for item in pending.values():
+            if not item.future.done():
+                if item.future.running() or item.future.set_running_or_notify_cancel():
+                    item.future.set_exception(error)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        started = time.monotonic()
+        segments: list[slot_attention.Segment] = []
+        owners: dict[int, list[_Row]] = {}
+        for slot, (row, _) in self.running.items():  # each feeds the token it drew last
+            segment = slot_attention.Segment(slot, row.length, [row.token_ids[-1]])
+            segments.append(segment)
+            owners[id(segment)] = [row]
+        for item in self._admit():
+            first = item.rows[0].slot
+            segment = slot_attention.Segment(
+                first, 0, list(item.request.token_ids), range(first + 1, first + len(item.rows))
+            )
+            segments.append(segment)
+            owners[id(segment)] = item.rows
+        if not segments:
+            return
+        plan = slot_attention.SlotPlan(self.kv, segments)
+        logits_S_V = slot_attention.forward(self.engine.model, plan)
+        rows, index = [], []
+        for s, segment in enumerate(plan.segments):
+            for row in owners.get(id(segment), ()):
+                row.length = segment.start + len(segment.tokens)
+                rows.append(row)
+                index.append(s)
+        tokens_B, logprobs_B = sample_next_tokens(
+            logits_S_V[torch.tensor(index, device=logits_S_V.device)],
+            [row.params.temperature for row in rows],
+            [row.params.top_p for row in rows],
+            [row.generator for row in rows],
+        )
+        for row, token, logprob in zip(rows, tokens_B, logprobs_B, strict=True):
+            row.token_ids.append(token)
+            row.logprobs.append(logprob)
+            _, item = self.running[row.slot]
+            if item.request.on_token is not None:
+                item.request.on_token(row.sample, token)
+            if self.engine._finished(row, token, item.request.cancel):
+                self._retire(row, item)
+        self.steps += 1
+        if not self.running:
+            self.kv.release()  # idle: give the memory back
+        self.last_step_s = time.monotonic() - started
+
+    def _admit(self) -> list[_Pending]:
+        """Requests that join this pass, each given consecutive free slots."""
+        admitted = []
+        while self.waiting:
+            item = self.waiting[0]
+            if self.running and len(self.running) + len(item.rows) > self.max_batch:
+                break
+            self.waiting.popleft()
+            if not item.future.set_running_or_notify_cancel():
+                continue  # cancelled while it waited
+            cancel = item.request.cancel
+            if cancel is not None and cancel.is_set():
+                for row in item.rows:
+                    row.text, row.finish_reason = "", "abort"
+                item.future.set_result([row.completion() for row in item.rows])
+                continue
+            first = self._free_run(len(item.rows))
+            slots = first + len(item.rows)
+            if slots > self.kv.slots - 1:  # grow by doubling, so growing (a copy) is rare
+                slots = max(slots, min(2 * (self.kv.slots - 1), self.max_batch))
+            needed = max(row.prompt_len + row.params.max_tokens for row in item.rows)
+            self.kv.reserve(slots, -(-needed // 64) * 64)
+            for j, row in enumerate(item.rows):
+                row.slot = first + j
+                self.running[row.slot] = (row, item)
+            item.running = len(item.rows)
+            self.rows += len(item.rows)
+            admitted.append(item)
+        return admitted
+
+    def _free_run(self, count: int) -> int:
+        """The first slot of ``count`` consecutive free ones (slots past the cache's end are
+        free: the cache grows to them)."""
+        start = 0
+        while any(slot in self.running for slot in range(start, start + count)):
+            start += 1
+        return start
+
+    def _retire(self, row: _Row, item: _Pending) -> None:
+        del self.running[row.slot]
+        item.running -= 1
+        if item.running == 0:
+            item.future.set_result([r.completion() for r in item.rows])
+
+
+class PassDecoder:
+    """The ``Decoder`` interface over a function that generates whole batches: each ``step``
+    generates every waiting request (up to ``max_batch`` rows) in one call."""
+
+    def __init__(self, generate: Callable[[list], list[list[Completion]]], max_batch: int = 64):
+        self.generate = generate
+        self.max_batch = max_batch
+        self.waiting: deque[tuple[object, Future]] = deque()
+        self.steps = 0
+        self.rows = 0
+        self.last_step_s = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting)
+
+    def add(self, request) -> Future:
+        future: Future = Future()
+        self.waiting.append((request, future))
+        return future
+
+    def close(self) -> None:
+        """Nothing held between passes."""
+
+    def fail(self, error: BaseException) -> None:
+        while self.waiting:
+            _, future = self.waiting.popleft()
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+
+    def step(self) -> None:
+        batch, rows = [], 0
+        while self.waiting:
+            request, future = self.waiting[0]
+            if batch and rows + request.n > self.max_batch:
+                break
+            self.waiting.popleft()
+            if future.set_running_or_notify_cancel():
+                batch.append((request, future))
+                rows += request.n
+        if not batch:
+            return
+        started = time.monotonic()
+        try:
+            results = self.generate([request for request, _ in batch])
+        except BaseException as error:  # noqa: BLE001 - handed to every request of the pass
+            for _, future in batch:
+                future.set_exception(error)
+            return
+        self.last_step_s = time.monotonic() - started
+        self.steps += 1
+        self.rows += rows
+        for (_, future), completions in zip(batch, results, strict=True):
+            future.set_result(completions)
 
 
 def sampling_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -1,14 +1,15 @@
-"""Dynamic batching: requests that arrive together share one generation pass.
+"""Continuous batching for the server: requests join the running generation at its next pass.
 
-HTTP handlers run on the event loop and must not block it; generation runs on one worker thread.
-Each handler submits a ``GenerationRequest`` and awaits its future. The worker takes everything
-queued when it becomes free (after a short window for stragglers to arrive), runs one
-``engine.generate_requests`` over all of it, and answers each future. Requests that arrive during
-a pass queue for the next one, so under load every pass is full.
+HTTP handlers run on the event loop and must not block it; generation runs on one worker thread
+that owns a decoder (``TorchEngine.decoder()``). Each handler submits a ``GenerationRequest``
+and awaits its future. The worker hands every newly queued request to the decoder, then runs one
+decoder step (one forward pass: a token for every running row, the prompts of the newcomers),
+and again, for as long as anything is queued or running. A request that arrives while others
+generate starts at the next pass, and a short one leaves the moment it ends.
 
 A handler that is cancelled (its client went away) frees its place at once: a request still
-waiting is never generated, and one in the middle of its pass stops at its next token (its
-``cancel`` event), while the rest of the pass goes on.
+waiting is never generated, and a running one stops at its next token (its ``cancel`` event),
+which frees its rows' slots for the next pass.
 """
 
 from __future__ import annotations
@@ -16,54 +17,57 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import replace
 
 from palaestra.rollout import GenerationRequest
 from palaestra.types import Completion
 
-Generate = Callable[[list[GenerationRequest]], list[list[Completion]]]
-
 
 class Batcher:
-    """Runs ``generate`` on a worker thread over whatever requests are waiting."""
+    """Runs ``decoder`` on a worker thread over whatever requests are submitted."""
 
-    def __init__(self, generate: Generate, max_rows: int = 64, window_s: float = 0.01) -> None:
-        self.generate = generate
-        self.max_rows = max_rows
-        """Most sequences (requests times ``n``) in one pass; the rest wait for the next."""
-        self.window_s = window_s
-        """How long the worker waits after the first request for others to join its pass."""
-        self._queue: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
+    def __init__(self, decoder) -> None:
+        self.decoder = decoder
+        """A ``Decoder`` (or ``PassDecoder``): ``add(request) -> Future``, ``step()``, ``busy``."""
+        self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="palaestra-batcher", daemon=True)
-        self.passes = 0
-        """Generation passes run so far; with ``rows`` it shows how well requests batch."""
-        self.rows = 0
         self.in_flight = 0
         """Requests submitted and not yet answered (waiting or generating)."""
-        self.last_pass_s = 0.0
-        """How long the latest generation pass took."""
         self.cancelled = 0
         """Requests whose handler was cancelled (client gone) before they were answered."""
         self._closed = False
         self._thread.start()
 
+    @property
+    def passes(self) -> int:
+        """Forward passes run so far; with ``rows`` it shows how well requests batch."""
+        return self.decoder.steps
+
+    @property
+    def rows(self) -> int:
+        """Sequences (requests times ``n``) generated or generating."""
+        return self.decoder.rows
+
+    @property
+    def last_pass_s(self) -> float:
+        """How long the latest pass took."""
+        return self.decoder.last_step_s
+
     async def submit(self, request: GenerationRequest) -> list[Completion]:
-        """The request's ``n`` completions, generated with whatever else is waiting."""
+        """The request's ``n`` completions, generated with whatever else is running."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
         if request.cancel is None:
             request = replace(request, cancel=threading.Event())
-        future: Future = Future()
+        handed: asyncio.Future = asyncio.get_running_loop().create_future()
         self.in_flight += 1  # on the event loop only, so no lock
         try:
-            self._queue.put((request, future))
-            # Cancelling this await cancels ``future`` too, if its pass has not begun.
+            self._queue.put((request, handed))
+            # The worker answers with the decoder's future for this request (or an error).
+            future = await handed
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            request.cancel.set()  # its pass has begun: its rows end at their next token
+            request.cancel.set()  # waiting: never started; running: its rows end at their next token
             self.cancelled += 1
             raise
         finally:
@@ -74,57 +78,51 @@ class Batcher:
         self._thread.join(timeout=60)
 
     def _work(self) -> None:
-        waiting: list[tuple[GenerationRequest, Future]] = []
         while not self._closed:
-            if not waiting:
+            if not self.decoder.busy:
                 try:
-                    waiting.append(self._queue.get(timeout=0.2))
+                    self._add(*self._queue.get(timeout=0.2))
                 except queue.Empty:
                     continue
-                time.sleep(self.window_s)  # requests sent together arrive a moment apart
-            waiting += self._drain()
-            batch, waiting = self._take(waiting)
-            self._run(batch)
-        self._fail(waiting + self._drain(), RuntimeError("the server is shutting down"))
-
-    def _drain(self) -> list[tuple[GenerationRequest, Future]]:
-        items = []
+            while True:
+                try:
+                    self._add(*self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self.decoder.busy:
+                try:
+                    self.decoder.step()
+                except BaseException as error:  # noqa: BLE001 - handed to every request held
+                    self.decoder.fail(error)
+        self.decoder.fail(RuntimeError("the server is shutting down"))
         while True:
             try:
-                items.append(self._queue.get_nowait())
+                request, handed = self._queue.get_nowait()
             except queue.Empty:
-                return items
+                break
+            self._answer(handed, error=RuntimeError("the server is shutting down"))
 
-    def _take(self, waiting: list[tuple[GenerationRequest, Future]]):
-        """Requests for one pass, oldest first, up to ``max_rows`` sequences (at least one)."""
-        waiting = [item for item in waiting if not item[1].cancelled()]
-        rows = 0
-        for count, (request, _) in enumerate(waiting):
-            if count and rows + request.n > self.max_rows:
-                return waiting[:count], waiting[count:]
-            rows += request.n
-        return waiting, []
-
-    def _run(self, batch: list[tuple[GenerationRequest, Future]]) -> None:
-        live = [
-            (request, future) for request, future in batch if future.set_running_or_notify_cancel()
-        ]
-        if not live:
-            return
-        started = time.monotonic()
+    def _add(self, request: GenerationRequest, handed: asyncio.Future) -> None:
+        if request.cancel.is_set():
+            return  # its handler is gone already
         try:
-            results = self.generate([request for request, _ in live])
-        except BaseException as error:  # noqa: BLE001 - handed to every waiting request
-            self._fail(live, error)
-            return
-        self.last_pass_s = time.monotonic() - started
-        self.passes += 1
-        self.rows += sum(request.n for request, _ in live)
-        for (_, future), completions in zip(live, results, strict=True):
-            future.set_result(completions)
+            future = self.decoder.add(request)
+        except Exception as error:  # noqa: BLE001 - a request the engine cannot take
+            self._answer(handed, error=error)
+        else:
+            self._answer(handed, future=future)
 
     @staticmethod
-    def _fail(batch, error: BaseException) -> None:
-        for _, future in batch:
-            if future.running() or future.set_running_or_notify_cancel():
-                future.set_exception(error)
+    def _answer(handed: asyncio.Future, future=None, error: BaseException | None = None) -> None:
+        def answer() -> None:
+            if handed.done():
+                return
+            if error is not None:
+                handed.set_exception(error)
+            else:
+                handed.set_result(future)
+
+        try:
+            handed.get_loop().call_soon_threadsafe(answer)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            pass

@@ -54,7 +54,7 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     dtype = compute_dtype("auto", "cpu")
     engine = TorchEngine(lm, tokenizer, dtype=None if dtype == torch.float32 else dtype)
     return ServedModel(
-        name, model, tokenizer, Batcher(engine.generate_requests), engine.max_context
+        name, model, tokenizer, Batcher(engine.decoder()), engine.max_context
     )
 
 

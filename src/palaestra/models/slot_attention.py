@@ -1,0 +1,211 @@
+"""Attention over a slot KV cache: one forward pass mixes prompts and decode steps of any rows.
+
+Continuous batching needs a cache in which sequences come and go without the others moving. The
+cache here is a set of *slots*: per layer one buffer of keys and one of values, shaped
+``[slots, kv_heads, capacity, head_dim]``; a sequence owns a slot and fills it from position 0.
+A row that finishes frees its slot where it is; a newcomer takes any free slot. Nothing is
+copied when the batch changes, which a padded cache (one shared length, rows aligned to it)
+cannot offer. Slots, not pages: the engine's batches are tens of rows of hundreds of tokens on a
+CPU, where a slot's waste (room reserved up to the longest request) is a few hundred MB at
+worst, and whole slots let a group of rows read their keys as one strided view.
+
+A forward pass is a flat batch ``[1, N]`` of *segments*: each is some tokens of one slot,
+written at positions ``start..start+count``. A prompt is one segment of many tokens (its
+prefill); a decoding row is a segment of one token. The model runs with the attention function
+registered here (``SLOT_ATTENTION``) and a ``SlotPlan`` passed as the ``slot_plan`` keyword,
+which transformers hands to every attention layer.
+
+Every row gets the same arithmetic whatever else is in the pass, so a seeded request draws the
+same tokens alone or in a crowd (the endpoint's scores repeat):
+- a prompt's attention runs for that prompt alone;
+- decode rows of equal length in consecutive slots share one attention call written as two
+  matmuls and a softmax, whose per-row results do not depend on how many rows share it (the
+  fused kernel's do: it splits work by the batch's size);
+- the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
+  since a one-row product takes another kernel than a many-row one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+SLOT_ATTENTION = "palaestra_slots"
+
+MIN_ROWS = 4
+"""Fewest token rows in a pass: from four rows on, a row's matmul result does not depend on
+how many rows share the product (measured on the CPUs this was built on)."""
+
+
+class SlotKV:
+    """The keys and values of ``slots`` sequences of up to ``capacity`` positions, per layer.
+
+    The last slot is scratch: the plan's padding rows write there and nothing reads it.
+    """
+
+    def __init__(self, config, dtype: torch.dtype, device: torch.device) -> None:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.layers = int(text.num_hidden_layers)
+        self.kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        self.head_dim = int(
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
+        self.dtype, self.device = dtype, device
+        self.slots = 0
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def scratch(self) -> int:
+        return self.slots - 1
+
+    def reserve(self, slots: int, capacity: int) -> None:
+        """Room for ``slots`` sequences (plus scratch) of ``capacity`` positions, keeping what
+        the existing slots hold. Grows only; growing copies the filled buffers once."""
+        slots, capacity = max(slots + 1, self.slots), max(capacity, self.capacity)
+        if slots == self.slots and capacity == self.capacity:
+            return
+        shape = (slots, self.kv_heads, capacity, self.head_dim)
+        for store in (self.keys, self.values):
+            for layer in range(self.layers):
+                grown = torch.empty(shape, dtype=self.dtype, device=self.device)
+                if store and self.slots:
+                    # The old scratch slot is not copied: its contents are never read.
+                    grown[: self.slots - 1, :, : self.capacity] = store[layer][:-1]
+                if len(store) < self.layers:
+                    store.append(grown)
+                else:
+                    store[layer] = grown
+        self.slots, self.capacity = slots, capacity
+
+    def release(self) -> None:
+        """Drop the buffers (the memory goes back at once); ``reserve`` makes new ones."""
+        self.keys, self.values = [], []
+        self.slots = self.capacity = 0
+
+
+@dataclass
+class Segment:
+    """``len(tokens)`` tokens of the sequence in ``slot``, at positions from ``start``."""
+
+    slot: int
+    start: int
+    tokens: list[int]
+    copies: range = range(0)
+    """Slots that receive a copy of this segment's keys and values once written (the other
+    samples of a prompt, which share its prefill)."""
+
+
+@dataclass
+class SlotPlan:
+    """What one forward pass computes, in index tensors the attention layers use."""
+
+    kv: SlotKV
+    segments: list[Segment]
+    input_ids: torch.Tensor = field(init=False)
+    position_ids: torch.Tensor = field(init=False)
+    last_token: torch.Tensor = field(init=False)
+    """Flat index of each segment's last token (padded to ``MIN_ROWS`` entries)."""
+    groups: list[tuple[int, int, int, int, int]] = field(init=False)
+    """(first flat token, rows, first slot, start, tokens per row): a prompt's segment (one
+    row of many tokens), or a run of one-token segments in consecutive slots at one position."""
+
+    def __post_init__(self) -> None:
+        segments = sorted(self.segments, key=lambda s: s.slot)
+        padding = MIN_ROWS - sum(len(s.tokens) for s in segments)
+        if padding > 0:
+            segments.append(Segment(self.kv.scratch, 0, [0] * padding))
+        self.segments = segments
+        tokens, positions, slots, last = [], [], [], []
+        groups: list[list[int]] = []
+        for segment in segments:
+            offset, count = len(tokens), len(segment.tokens)
+            tokens += segment.tokens
+            positions += range(segment.start, segment.start + count)
+            slots += [segment.slot] * count
+            last.append(offset + count - 1)
+            if count == 1 and groups:
+                _, rows, slot, start, per_row = groups[-1]
+                if per_row == 1 and slot + rows == segment.slot and start == segment.start:
+                    groups[-1][1] += 1
+                    continue
+            groups.append([offset, 1, segment.slot, segment.start, count])
+        device = self.kv.device
+        self.groups = [tuple(group) for group in groups]
+        self.input_ids = torch.tensor([tokens], device=device)
+        self.position_ids = torch.tensor([positions], device=device)
+        self.slot_index = torch.tensor(slots, device=device)
+        self.position_index = self.position_ids[0]
+        last += [last[-1]] * (MIN_ROWS - len(last))
+        self.last_token = torch.tensor(last, device=device)
+
+
+def slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The attention interface transformers calls per layer: ``query`` ``[1, heads, N, dim]``,
+    ``key``/``value`` ``[1, kv_heads, N, dim]`` for the plan's tokens; returns
+    ``[1, N, heads, dim]``."""
+    plan: SlotPlan = kwargs["slot_plan"]
+    layer = module.layer_idx
+    keys, values = plan.kv.keys[layer], plan.kv.values[layer]
+    keys[plan.slot_index, :, plan.position_index] = key[0].transpose(0, 1)
+    values[plan.slot_index, :, plan.position_index] = value[0].transpose(0, 1)
+    heads, dim = query.shape[1], query.shape[-1]
+    kv_heads = keys.shape[1]
+    out = query.new_empty((1, query.shape[2], heads, dim))
+    for offset, rows, slot, start, count in plan.groups:
+        if count == 1:  # decode: one query per row, each over its own slot
+            end = start + 1
+            q = query[0, :, offset : offset + rows].transpose(0, 1)  # [rows, heads, dim]
+            q = q.reshape(rows, kv_heads, heads // kv_heads, dim)
+            k = keys[slot : slot + rows, :, :end]
+            v = values[slot : slot + rows, :, :end]
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
+            weights = torch.softmax(scores, dim=-1).to(v.dtype)
+            out[0, offset : offset + rows] = torch.matmul(weights, v).reshape(rows, heads, dim)
+        else:  # a prompt's tokens, causal over the slot's earlier positions and each other
+            end = start + count
+            q = query[:, :, offset : offset + count]
+            k, v = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+            mask = None
+            if start:
+                mask = torch.ones((count, end), dtype=torch.bool, device=q.device).tril(start)
+            result = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=not start, scale=scaling, enable_gqa=True
+            )
+            out[0, offset : offset + count] = result[0].transpose(0, 1)
+    for segment in plan.segments:
+        if segment.copies:
+            end = segment.start + len(segment.tokens)
+            for store in (keys, values):
+                store[segment.copies.start : segment.copies.stop, :, :end] = store[
+                    segment.slot, :, :end
+                ]
+    return out, None
+
+
+AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+
+
+def forward(model: torch.nn.Module, plan: SlotPlan) -> torch.Tensor:
+    """The logits after each segment's last token, ``[segments (at least MIN_ROWS), vocab]``.
+
+    The model runs with slot attention for this call only: the same module may be a learner's,
+    whose training passes keep their own attention.
+    """
+    config = model.config
+    kept = config._attn_implementation
+    config._attn_implementation = SLOT_ATTENTION
+    try:
+        return model(
+            input_ids=plan.input_ids,
+            position_ids=plan.position_ids,
+            use_cache=False,
+            logits_to_keep=plan.last_token,
+            slot_plan=plan,
+        ).logits[0]
+    finally:
+        config._attn_implementation = kept
