@@ -477,3 +477,41 @@ def test_several_samples_per_prompt_score_their_mean(endpoint, prompts_file):
     assert result.mean == pytest.approx(sum(sum(r["scores"]) for r in result.rows) / 18)
     with pytest.raises(ValueError, match="n_samples_per_prompt"):
         EvalConfig(dataset, eval_fn=len, generate_kwargs={"n": 2})
+
+
+def test_a_seeded_request_gets_the_same_reply_alone_and_among_others(client):
+    def ask(seed: int, text: str = "Write a haiku about rain.") -> str:
+        reply = client.chat.completions.create(
+            model="tiny-open",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=24,
+            temperature=1.0,
+            seed=seed,
+        )
+        return reply.choices[0].message.content
+
+    by_itself = ask(5)
+    with ThreadPoolExecutor(8) as pool:
+        crowd = [pool.submit(ask, s, "Write a haiku about snow." * (s % 3 + 1)) for s in range(7)]
+        among_others = pool.submit(ask, 5)
+        crowd = [future.result() for future in crowd]
+    assert among_others.result() == by_itself
+    assert len(set(crowd)) > 1  # the others really were other requests
+
+
+def test_an_evaluation_repeats_exactly_whatever_its_concurrency(endpoint, prompts_file):
+    dataset = LocalDataset(
+        path=str(prompts_file), input_column="topic", prompt_template="Write a haiku about {input}."
+    )
+    config = EvalConfig(
+        dataset, eval_fn=lambda text: float(len(text)), generate_kwargs={"max_tokens": 12}
+    )
+    one = config.evaluate(endpoint, max_concurrency=1, show_progress=False)
+    six = config.evaluate(endpoint, max_concurrency=6, show_progress=False)
+    assert [r["response"] for r in six.rows] == [r["response"] for r in one.rows]
+    assert six.mean == one.mean
+    assert json.loads(six.path.read_text())["seed"] == 0
+    other = EvalConfig(
+        dataset, eval_fn=lambda text: float(len(text)), generate_kwargs={"max_tokens": 12}, seed=1
+    ).evaluate(endpoint, max_concurrency=6, show_progress=False)
+    assert [r["response"] for r in other.rows] != [r["response"] for r in one.rows]

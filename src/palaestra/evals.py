@@ -85,6 +85,12 @@ class EvalConfig(BaseModel):
     ``chat_template_kwargs``... (never ``n``: see ``n_samples_per_prompt``)."""
     name: str | None = None
     """A name for the saved result, shown beside it."""
+    seed: int | None = 0
+    """Row ``i``'s request is seeded with ``seed + i`` (an episode's turn ``t`` with
+    ``seed + i * max_turns + t``), so evaluating the same endpoint again gives the same replies
+    and the same mean, whatever else the endpoint is generating and however many requests are
+    in flight. ``None`` leaves requests unseeded: new replies each time. A ``seed`` in
+    ``generate_kwargs`` takes its place."""
     n_samples_per_prompt: int = 1
     """Answers drawn for each row (one request with ``n``); a row scores their mean. A sampled
     model's mean over a small dataset is noisy, and more samples per row steady it cheaply,
@@ -137,19 +143,23 @@ class EvalConfig(BaseModel):
         done = 0
 
         n = self.n_samples_per_prompt
+        seed = self.generate_kwargs.get("seed", self.seed)
         extra = {**self.generate_kwargs, **({"n": n} if n > 1 else {})}
+
+        def seeded(index: int) -> dict[str, Any]:
+            return extra if seed is None else {**extra, "seed": seed + index}
 
         def score_one(prompt) -> dict[str, Any]:
             nonlocal done
             if self.environment is not None:
-                row = self._play(deployment, prompt, extra)
+                row = self._play(deployment, prompt, extra, seed)
                 done += 1
                 return row
             if chat:
-                reply = deployment.chat_completion(prompt.messages, **extra)
+                reply = deployment.chat_completion(prompt.messages, **seeded(prompt.index))
                 messages = [choice["message"] for choice in reply["choices"]]
             else:
-                reply = deployment.completion(prompt.text, **extra)
+                reply = deployment.completion(prompt.text, **seeded(prompt.index))
                 messages = [{"content": choice["text"]} for choice in reply["choices"]]
             scores = [self._score(prompt, message) for message in messages]
             done += 1
@@ -180,13 +190,17 @@ class EvalConfig(BaseModel):
         self._save(result, deployment, elapsed, max_concurrency)
         return result
 
-    def _play(self, deployment: Any, prompt, extra: dict[str, Any]) -> dict[str, Any]:
+    def _play(
+        self, deployment: Any, prompt, extra: dict[str, Any], seed: int | None
+    ) -> dict[str, Any]:
         """One episode of the environment against ``deployment``, as a result row."""
         env = _env_call(self.environment, prompt, 0, "factory")
         first = _env_call(env.start, prompt, 0, "start", prompt.metadata)
         messages = _env_messages(first, prompt, 0, env.start)
         score, reply = 0.0, ""
         for turn in range(1, self.max_turns + 1):
+            if seed is not None:
+                extra = {**extra, "seed": seed + prompt.index * self.max_turns + turn}
             answer = deployment.chat_completion(messages, **extra)["choices"][0]["message"]
             reply = answer.get("content") or ""
             messages.append({"role": "assistant", "content": reply})
@@ -238,6 +252,7 @@ class EvalConfig(BaseModel):
                 "run_id": info.get("run_id"),
                 "step": info.get("step"),
                 "generate_kwargs": self.generate_kwargs,
+                "seed": self.generate_kwargs.get("seed", self.seed),
                 "n_samples_per_prompt": self.n_samples_per_prompt,
                 "max_concurrency": concurrency,
                 "elapsed_s": elapsed,

@@ -1,0 +1,161 @@
+"""Continuous batching: rows join a running decoder at the next pass and leave when they end,
+and what a row draws never depends on what shares its passes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import build_tiny_model, build_tokenizer
+from palaestra.models.slot_attention import MIN_ROWS, SlotKV, SlotPlan, Segment
+from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer):
+    model = build_tiny_model(tokenizer, seed=5, max_position_embeddings=4096)
+    return TorchEngine(model.eval(), tokenizer)
+
+
+def request(tokenizer, text: str, max_tokens: int, n: int = 1, **params) -> GenerationRequest:
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return GenerationRequest(ids, n, SamplingParams(max_tokens, **params))
+
+
+def alone(engine, req: GenerationRequest) -> list[list[int]]:
+    return [c.token_ids for c in engine.generate_requests([req])[0]]
+
+
+def test_the_tiny_model_generates_continuously(engine):
+    assert engine.continuous
+
+
+def test_a_finished_row_s_slot_goes_to_the_waiting_request_at_the_next_pass(engine, tokenizer):
+    decoder = engine.decoder(max_batch=2)
+    short = decoder.add(request(tokenizer, "ab", 2, temperature=0.0))
+    long = decoder.add(request(tokenizer, "cd", 10, temperature=0.0))
+    late = decoder.add(request(tokenizer, "ef", 3, temperature=0.0))
+    slots = []
+    while decoder.busy:
+        decoder.step()
+        slots.append(sorted(decoder.running))
+    # Pass 1 prefills short and long (slots 0 and 1); pass 2 ends short; pass 3 gives its
+    # slot 0 to the late request while long goes on. Long's 10 tokens take 10 passes, and the
+    # late request fits inside them: nothing waited for long to end.
+    assert slots[0] == [0, 1] and slots[1] == [1] and slots[2] == [0, 1]
+    assert decoder.steps == 10
+    assert [len(f.result()[0].token_ids) for f in (short, long, late)] == [2, 10, 3]
+
+
+def test_a_request_joining_mid_generation_draws_what_it_draws_alone(engine, tokenizer):
+    greedy = request(tokenizer, "Say snow", 12, temperature=0.0)
+    seeded = request(tokenizer, "Say wind please", 12, n=3, seed=7)
+    first = request(tokenizer, "x", 20, n=2, seed=1)
+    decoder = engine.decoder()
+    early = decoder.add(first)
+    for _ in range(3):
+        decoder.step()  # first's rows are 3 tokens in when the others join
+    joined = [decoder.add(greedy), decoder.add(seeded)]
+    while decoder.busy:
+        decoder.step()
+    assert [c.token_ids for c in early.result()] == alone(engine, first)
+    assert [c.token_ids for c in joined[0].result()] == alone(engine, greedy)
+    assert [c.token_ids for c in joined[1].result()] == alone(engine, seeded)
+
+
+def test_rows_are_bitwise_the_same_alone_and_in_a_crowd(engine, tokenizer):
+    seeded = request(tokenizer, "Say rain", 16, n=2, seed=3)
+    (by_itself,) = engine.generate_requests([seeded])
+    others = [request(tokenizer, "a" * k, 16, n=k % 3 + 1, seed=k) for k in range(1, 9)]
+    crowded = engine.generate_requests([*others[:4], seeded, *others[4:]])[4]
+    for a, b in zip(by_itself, crowded, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs  # exactly, not approximately
+
+
+def test_a_cancelled_row_frees_its_slot_for_a_waiting_request(engine, tokenizer):
+    cancel = threading.Event()
+    decoder = engine.decoder(max_batch=1)
+    endless = GenerationRequest(
+        tokenizer("hi", add_special_tokens=False).input_ids,
+        1,
+        SamplingParams(200, temperature=0.0),
+        cancel=cancel,
+    )
+    gone = decoder.add(endless)
+    waiting = decoder.add(request(tokenizer, "yo", 4, temperature=0.0))
+    for _ in range(3):
+        decoder.step()
+    assert sorted(decoder.running) == [0] and len(decoder.waiting) == 1
+    cancel.set()  # what a server does when the client goes away
+    decoder.step()  # the cancelled row ends at its next token
+    assert gone.result()[0].finish_reason == "abort"
+    decoder.step()  # and the waiting request takes its slot
+    assert len(decoder.waiting) == 0 and sorted(decoder.running) == [0]
+    while decoder.busy:
+        decoder.step()
+    assert len(waiting.result()[0].token_ids) == 4
+
+
+def test_a_server_s_short_request_does_not_wait_for_long_ones(engine, tokenizer):
+    from palaestra.serve.batcher import Batcher
+
+    long = request(tokenizer, "hi", 3000, temperature=0.0)
+    short = request(tokenizer, "yo", 3, temperature=0.0)
+
+    async def scenario(batcher: Batcher) -> tuple[float, float]:
+        begun = time.monotonic()
+        await batcher.submit(short)
+        by_itself = time.monotonic() - begun
+        longs = [asyncio.ensure_future(batcher.submit(long)) for _ in range(4)]
+        deadline = time.monotonic() + 30
+        while batcher.rows < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        begun = time.monotonic()
+        await batcher.submit(short)
+        among_long = time.monotonic() - begun
+        assert not any(task.done() for task in longs)  # they were still generating
+        for task in longs:
+            task.cancel()
+        await asyncio.gather(*longs, return_exceptions=True)
+        return by_itself, among_long
+
+    batcher = Batcher(engine.decoder())
+    try:
+        by_itself, among_long = asyncio.run(scenario(batcher))
+    finally:
+        batcher.close()
+    # A pass with four more rows costs a little more; waiting for 3000 tokens would be seconds.
+    assert among_long < max(10 * by_itself, 0.5), (by_itself, among_long)
+
+
+def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_runs(engine):
+    kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(4, 64)
+    plan = SlotPlan(kv, [Segment(1, 5, [7]), Segment(0, 5, [8])])
+    # Slots 0 and 1 at one position form one decode group; the scratch slot (4) pads to four.
+    assert plan.input_ids.tolist() == [[8, 7, 0, 0]]
+    assert plan.position_ids.tolist() == [[5, 5, 0, 1]]
+    assert plan.groups == [(0, 2, 0, 5, 1), (2, 1, 4, 0, 2)]
+    assert len(plan.last_token) == MIN_ROWS
+    prompt = SlotPlan(kv, [Segment(2, 0, [1, 2, 3, 4, 5], range(3, 4)), Segment(0, 9, [6])])
+    assert prompt.groups == [(0, 1, 0, 9, 1), (1, 1, 2, 0, 5)]
+    assert prompt.last_token.tolist() == [0, 5, 5, 5]
+
+
+def test_growing_the_cache_keeps_what_the_slots_hold(engine):
+    kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(2, 64)
+    kv.keys[0][:2, :, :10] = 1.5
+    kv.reserve(5, 128)
+    assert kv.slots == 6 and kv.capacity == 128 and kv.scratch == 5
+    assert torch.equal(kv.keys[0][:2, :, :10], torch.full_like(kv.keys[0][:2, :, :10], 1.5))
