@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.models.slot_attention import MIN_ROWS, SlotKV, SlotPlan, Segment
+from palaestra.models.slot_attention import MIN_ROWS, SlotKV, SlotPlan, Segment, bucket
 from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
 
 
@@ -147,9 +147,20 @@ def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_runs(engine):
     assert plan.position_ids.tolist() == [[5, 5, 0, 1]]
     assert plan.groups == [(0, 2, 0, 5, 1), (2, 1, 4, 0, 2)]
     assert len(plan.last_token) == MIN_ROWS
+    # Six tokens are padded to the bucket of eight, two scratch tokens after the prompt.
     prompt = SlotPlan(kv, [Segment(2, 0, [1, 2, 3, 4, 5], range(3, 4)), Segment(0, 9, [6])])
-    assert prompt.groups == [(0, 1, 0, 9, 1), (1, 1, 2, 0, 5)]
-    assert prompt.last_token.tolist() == [0, 5, 5, 5]
+    assert prompt.input_ids.tolist() == [[6, 1, 2, 3, 4, 5, 0, 0]]
+    assert prompt.groups == [(0, 1, 0, 9, 1), (1, 1, 2, 0, 5), (6, 1, 4, 0, 2)]
+    assert prompt.last_token.tolist() == [0, 5, 7, 7]
+    alone = SlotPlan(kv, [Segment(0, 3, [6])], min_rows=1)
+    assert alone.input_ids.tolist() == [[6]] and alone.last_token.tolist() == [0]
+
+
+def test_row_counts_fall_in_few_buckets():
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 120, 129, 300)] == [
+        1, 2, 3, 4, 8, 8, 12, 48, 128, 192, 320
+    ]  # fmt: skip
+    assert len({bucket(n) for n in range(1, 1025)}) == 4 + 7 + 6 + 14
 
 
 def test_growing_the_cache_keeps_what_the_slots_hold(engine):
@@ -159,3 +170,35 @@ def test_growing_the_cache_keeps_what_the_slots_hold(engine):
     kv.reserve(5, 128)
     assert kv.slots == 6 and kv.capacity == 128 and kv.scratch == 5
     assert torch.equal(kv.keys[0][:2, :, :10], torch.full_like(kv.keys[0][:2, :, :10], 1.5))
+
+
+def test_packed_linears_match_the_module_s_and_leave_it_as_it_was(engine):
+    from palaestra.models.packed_linear import packed_linears
+
+    model = engine.model
+    packed = packed_linears(model)
+    if packed is None:
+        pytest.skip("oneDNN's packed product is not available or not row-invariant here")
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with packed.active():
+            fast = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+    assert torch.allclose(fast, plain, atol=1e-5)
+    assert torch.equal(after, plain)  # the module's own layers are back
+    assert all(type(layer).forward is layer.forward.__func__ for layer in packed.layers)
+
+
+def test_without_packed_weights_a_seeded_row_is_padded_and_still_repeats(
+    engine, tokenizer, monkeypatch
+):
+    monkeypatch.setattr(engine, "packed_linears", lambda: None)
+    seeded = request(tokenizer, "Say rain", 12, n=1, seed=9)
+    by_itself = alone(engine, seeded)
+    decoder = engine.decoder()
+    decoder.add(request(tokenizer, "bb", 12, n=2))  # unseeded company
+    crowded = decoder.add(seeded)
+    while decoder.busy:
+        decoder.step()
+    assert [c.token_ids for c in crowded.result()] == by_itself

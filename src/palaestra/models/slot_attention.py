@@ -22,11 +22,15 @@ same tokens alone or in a crowd (the endpoint's scores repeat):
   matmuls and a softmax, whose per-row results do not depend on how many rows share it (the
   fused kernel's do: it splits work by the batch's size);
 - the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
-  since a one-row product takes another kernel than a many-row one.
+  since a one-row product takes another kernel than a many-row one. That padding costs a lone
+  row about 2.5x its time (the one-row kernel is the fastest per row), so the engine asks for
+  it only when a row in the pass is reproducible (seeded or greedy): an unseeded row has no
+  replies to repeat.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +42,16 @@ SLOT_ATTENTION = "palaestra_slots"
 MIN_ROWS = 4
 """Fewest token rows in a pass: from four rows on, a row's matmul result does not depend on
 how many rows share the product (measured on the CPUs this was built on)."""
+
+
+def bucket(rows: int) -> int:
+    """``rows`` rounded up to one of a few sizes (1-4, then steps of 4 to 32, of 16 to 128, of
+    64 beyond), so products see few distinct shapes: oneDNN builds and keeps a kernel per
+    shape, and one per row count would grow the process's memory with every new count."""
+    for limit, step in ((4, 1), (32, 4), (128, 16)):
+        if rows <= limit:
+            return -(-rows // step) * step
+    return -(-rows // 64) * 64
 
 
 class SlotKV:
@@ -106,17 +120,22 @@ class SlotPlan:
 
     kv: SlotKV
     segments: list[Segment]
+    min_rows: int = MIN_ROWS
+    """Fewest token rows (and logit rows) in the pass. Either count is padded up to its
+    ``bucket`` in any case."""
     input_ids: torch.Tensor = field(init=False)
     position_ids: torch.Tensor = field(init=False)
     last_token: torch.Tensor = field(init=False)
-    """Flat index of each segment's last token (padded to ``MIN_ROWS`` entries)."""
+    """Flat index of each segment's last token, padded to a ``bucket`` of at least
+    ``min_rows`` entries."""
     groups: list[tuple[int, int, int, int, int]] = field(init=False)
     """(first flat token, rows, first slot, start, tokens per row): a prompt's segment (one
     row of many tokens), or a run of one-token segments in consecutive slots at one position."""
 
     def __post_init__(self) -> None:
         segments = sorted(self.segments, key=lambda s: s.slot)
-        padding = MIN_ROWS - sum(len(s.tokens) for s in segments)
+        total = sum(len(s.tokens) for s in segments)
+        padding = bucket(max(total, self.min_rows)) - total
         if padding > 0:
             segments.append(Segment(self.kv.scratch, 0, [0] * padding))
         self.segments = segments
@@ -140,7 +159,7 @@ class SlotPlan:
         self.position_ids = torch.tensor([positions], device=device)
         self.slot_index = torch.tensor(slots, device=device)
         self.position_index = self.position_ids[0]
-        last += [last[-1]] * (MIN_ROWS - len(last))
+        last += [last[-1]] * (bucket(max(len(last), self.min_rows)) - len(last))
         self.last_token = torch.tensor(last, device=device)
 
 
@@ -190,22 +209,24 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
 
 
-def forward(model: torch.nn.Module, plan: SlotPlan) -> torch.Tensor:
-    """The logits after each segment's last token, ``[segments (at least MIN_ROWS), vocab]``.
+def forward(model: torch.nn.Module, plan: SlotPlan, packed=None) -> torch.Tensor:
+    """The logits after each segment's last token, ``[segments (at least min_rows), vocab]``.
 
-    The model runs with slot attention for this call only: the same module may be a learner's,
-    whose training passes keep their own attention.
+    The model runs with slot attention (and ``packed``'s linear layers, a ``PackedLinears``,
+    if given) for this call only: the same module may be a learner's, whose training passes
+    keep their own.
     """
     config = model.config
     kept = config._attn_implementation
     config._attn_implementation = SLOT_ATTENTION
     try:
-        return model(
-            input_ids=plan.input_ids,
-            position_ids=plan.position_ids,
-            use_cache=False,
-            logits_to_keep=plan.last_token,
-            slot_plan=plan,
-        ).logits[0]
+        with packed.active() if packed is not None else contextlib.nullcontext():
+            return model(
+                input_ids=plan.input_ids,
+                position_ids=plan.position_ids,
+                use_cache=False,
+                logits_to_keep=plan.last_token,
+                slot_plan=plan,
+            ).logits[0]
     finally:
         config._attn_implementation = kept

@@ -27,6 +27,7 @@ import torch
 
 from palaestra.models import slot_attention
 from palaestra.models.kv_cache import cache_argument, has_plain_attention, make_cache
+from palaestra.models.packed_linear import PackedLinears, packed_linears
 from palaestra.rollout.sampling import row_seed, sample_next_tokens
 from palaestra.types import Completion
 
@@ -73,6 +74,8 @@ class TorchEngine:
         if dtype is not None and next(model.parameters()).dtype != dtype:
             self.model = sampling_copy(model, dtype)
         self.weight_version = 0
+        self._packed: PackedLinears | None = None
+        self._packed_version: int | None = None
         self.continuous = has_plain_attention(self.model.config)
         """Whether it generates by continuous batching (every layer plain attention)."""
         eos = model.generation_config.eos_token_id
@@ -108,9 +111,20 @@ class TorchEngine:
                 if tensor.data_ptr() != param.data_ptr():
                     param.copy_(tensor)
         self.weight_version = version
+        self._packed, self._packed_version = None, None  # packed again at the next pass
+
+    def packed_linears(self) -> PackedLinears | None:
+        """The sampling module's linear weights packed for generation passes, made once per
+        weight version (``update_weights`` drops them); ``None`` where packing is not
+        available or not row-invariant here."""
+        if self._packed_version != self.weight_version:
+            self._packed = packed_linears(self.model)
+            self._packed_version = self.weight_version
+        return self._packed
 
     def close(self) -> None:
-        """Nothing to free beyond the module, which the garbage collector owns."""
+        """Drop the packed weights; the module itself is the garbage collector's."""
+        self._packed, self._packed_version = None, None
 
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
@@ -299,6 +313,9 @@ class Decoder:
         self.max_batch = max_batch
         parameter = next(engine.model.parameters())
         self.kv = slot_attention.SlotKV(engine.model.config, parameter.dtype, parameter.device)
+        self.packed = engine.packed_linears()
+        """The model's linear weights packed for row-invariant products (None: not here, and
+        passes with a repeatable row are padded instead)."""
         self.waiting: deque[_Pending] = deque()
         self.running: dict[int, tuple[_Row, _Pending]] = {}
         """Slot -> the row that holds it, and its request."""
@@ -355,8 +372,17 @@ class Decoder:
             owners[id(segment)] = item.rows
         if not segments:
             return
-        plan = slot_attention.SlotPlan(self.kv, segments)
-        logits_S_V = slot_attention.forward(self.engine.model, plan)
+        # Without packed weights, pad the pass to the rows from which a row's arithmetic no
+        # longer depends on the batch, when some row's replies should repeat.
+        repeatable = self.packed is None and any(
+            row.params.seed is not None or row.params.temperature <= 0
+            for rows in owners.values()
+            for row in rows
+        )
+        plan = slot_attention.SlotPlan(
+            self.kv, segments, slot_attention.MIN_ROWS if repeatable else 1
+        )
+        logits_S_V = slot_attention.forward(self.engine.model, plan, self.packed)
         rows, index = [], []
         for s, segment in enumerate(plan.segments):
             for row in owners.get(id(segment), ()):
