@@ -8,7 +8,8 @@ split's topics, request i seeded with i, temperature 1, top-p 1, no top-k) on Sm
 and is timed by completion tokens per second:
 
 - ``plain-generate``: ``model.generate`` one request at a time, float32. The baseline.
-- ``engine-fp32``: ``TorchEngine.generate_requests``, ``--concurrency`` requests per call.
+- ``engine-fp32``: the engine's decoder, at most ``--concurrency`` requests generating at once,
+  the next joining as soon as one ends.
 - ``engine-bf16``: the same, the engine sampling from a bfloat16 copy of the weights (when the
   installed ``TorchEngine`` takes ``dtype``).
 - ``endpoint`` (with ``--endpoint``): chat completions over HTTP, ``--concurrency`` in flight.
@@ -107,16 +108,19 @@ def engine_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
     from palaestra.rollout import GenerationRequest, SamplingParams
 
     def run(requests: list[Request]) -> int:
-        tokens = 0
-        for start in range(0, len(requests), concurrency):
-            chunk = requests[start : start + concurrency]
-            batch = [
+        # At most ``concurrency`` rows generate at once; the next request joins the moment one
+        # ends (continuous batching), as ``concurrency`` clients of a server would keep it fed.
+        decoder = engine.decoder(max_batch=concurrency)
+        futures = [
+            decoder.add(
                 GenerationRequest(r.token_ids, 1, SamplingParams(max_tokens, 1.0, 1.0, seed=r.seed))
-                for r in chunk
-            ]
-            completions = engine.generate_requests(batch)
-            tokens += sum(len(c.token_ids) for group in completions for c in group)
-        return tokens
+            )
+            for r in requests
+        ]
+        while decoder.busy:
+            decoder.step()
+        decoder.close()
+        return sum(len(c.token_ids) for f in futures for c in f.result())
 
     return Mode(name, concurrency, run)
 

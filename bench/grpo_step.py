@@ -10,7 +10,9 @@ into group-std-scaled advantages; take one AdamW update (lr 1e-6, no KL, DAPO lo
 over the step's response tokens / their count, grad-norm clip 1.0) over micro-batches of
 ``--micro-batch`` sequences (16). The model is the embedded SmolLM2-135M-Instruct with float32
 weights, fully fine-tuned; palaestra computes in its recipe's default precision unless
-``--precision`` (auto, float32, bfloat16) says otherwise, TRL in float32 (``bf16=False``).
+``--precision`` (auto, float32, bfloat16) says otherwise; TRL runs twice, in float32 (its CPU
+default, ``bf16=False``) and with ``bf16=True`` (side ``trl-bf16``), so the table compares like
+with like whichever palaestra picks.
 TRL runs with its gradient checkpointing off and a constant learning rate, as palaestra does
 (its defaults are on and linear decay). Prompts are "Write a haiku about {keywords}." from
 the built-in haiku train split through the model's chat template; palaestra's loop takes them
@@ -55,7 +57,8 @@ import time
 from pathlib import Path
 
 PROMPT = "Write a haiku about {keywords}."
-SIDES = ("palaestra", "trl")
+SIDES = ("palaestra", "trl", "trl-bf16")
+"""``trl-bf16`` is TRL with ``bf16=True``: its bfloat16 autocast, beside its float32 default."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="palaestra's Recipe.precision (auto, float32, bfloat16); default: the recipe's",
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--sides", default="palaestra,trl", help="which frameworks to run")
+    parser.add_argument(
+        "--sides", default="palaestra,trl,trl-bf16", help="which frameworks to run"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     parser.add_argument(
         "--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "palaestra-bench"
@@ -328,7 +333,8 @@ def load_tokenizer_of(model):
     return load_tokenizer(model.weights_path(), model.chat_template, model.revision)
 
 
-def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
+def trl_worker(args: argparse.Namespace, channel: Channel, bf16: bool = False) -> None:
+    dtype = "bfloat16" if bf16 else "float32"  # what its autocast computes in
     import datasets
     import trl
     from transformers import TrainerCallback
@@ -381,8 +387,8 @@ def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
                     "load_s": time.perf_counter() - started,
                     "weights": weights,
                     "trl": trl.__version__,
-                    "rollout_dtype": "float32",
-                    "train_dtype": "float32",
+                    "rollout_dtype": dtype,
+                    "train_dtype": dtype,
                     "optim": str(train_args.optim),
                     "steps_per_generation": train_args.steps_per_generation,
                     "generation_batch_size": train_args.generation_batch_size,
@@ -428,9 +434,9 @@ def trl_worker(args: argparse.Namespace, channel: Channel) -> None:
                 self.pending = None
 
     config = GRPOConfig(
-        output_dir=str(args.log_dir / "trl-output"),
+        output_dir=str(args.log_dir / f"{args.worker}-output"),
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         # TRL defaults to recomputing activations in the backward pass; palaestra does not.
         gradient_checkpointing=False,
         per_device_train_batch_size=args.micro_batch,
@@ -607,12 +613,13 @@ def markdown(results: dict) -> str:
             f"{d} {peaks['before'][d]:.0f} / {peaks['after'][d]:.0f}" for d in peaks["used"]
         )
     )
-    if "trl_over_palaestra" in results:
-        ratio = results["trl_over_palaestra"]
-        lines.append(
-            f"TRL step / palaestra step: {ratio['mean']:.2f} (means), "
-            f"{ratio['median']:.2f} (medians)"
-        )
+    for side in ("trl", "trl-bf16"):
+        if f"{side}_over_palaestra" in results:
+            ratio = results[f"{side}_over_palaestra"]
+            lines.append(
+                f"{side} step / palaestra step: {ratio['mean']:.2f} (means), "
+                f"{ratio['median']:.2f} (medians)"
+            )
     return "\n".join(lines)
 
 
@@ -678,12 +685,13 @@ def orchestrate(args: argparse.Namespace) -> dict:
         },
         "sides": {s: summarise(s, ready[s], reports[s], shape, peaks) for s in sides},
     }
-    if len(sides) == 2:
-        trl_side, ours = results["sides"]["trl"], results["sides"]["palaestra"]
-        results["trl_over_palaestra"] = {
-            "mean": trl_side["step_s_mean"] / ours["step_s_mean"],
-            "median": trl_side["step_s_median"] / ours["step_s_median"],
-        }
+    for side in ("trl", "trl-bf16"):
+        if side in sides and "palaestra" in sides:
+            theirs, ours = results["sides"][side], results["sides"]["palaestra"]
+            results[f"{side}_over_palaestra"] = {
+                "mean": theirs["step_s_mean"] / ours["step_s_mean"],
+                "median": theirs["step_s_median"] / ours["step_s_median"],
+            }
     return results
 
 
@@ -691,7 +699,10 @@ def main() -> None:
     args = parse_args()
     if args.worker is not None:
         channel = Channel()
-        (palaestra_worker if args.worker == "palaestra" else trl_worker)(args, channel)
+        if args.worker == "palaestra":
+            palaestra_worker(args, channel)
+        else:
+            trl_worker(args, channel, bf16=args.worker == "trl-bf16")
         return
     results = orchestrate(args)
     print(markdown(results))

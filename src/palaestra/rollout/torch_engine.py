@@ -71,6 +71,7 @@ class TorchEngine:
         self.dtype = dtype
         self.model = model
         """The module that samples: ``model`` itself, or its frozen copy in ``dtype``."""
+        self._given = model
         if dtype is not None and next(model.parameters()).dtype != dtype:
             self.model = sampling_copy(model, dtype)
         self.weight_version = 0
@@ -115,8 +116,9 @@ class TorchEngine:
 
     def packed_linears(self) -> PackedLinears | None:
         """The sampling module's linear weights packed for generation passes, made once per
-        weight version (``update_weights`` drops them); ``None`` where packing is not
-        available or not row-invariant here."""
+        weight version (``update_weights`` drops them, and so does the end of each
+        ``generate_requests`` when the engine samples from the module it was given, which
+        its owner may change); ``None`` where packing is unavailable or not row-invariant."""
         if self._packed_version != self.weight_version:
             self._packed = packed_linears(self.model)
             self._packed_version = self.weight_version
@@ -153,6 +155,10 @@ class TorchEngine:
         finally:
             self.model.train(was_training)
             decoder.close()
+            if self.model is self._given:
+                # The module may be a learner's, trained in place between calls: its packed
+                # copy would be stale by then, and would sit in memory beside the optimiser.
+                self._packed, self._packed_version = None, None
         return [future.result() for future in futures]
 
     def _rows(self, request, index: int) -> list[_Row]:
