@@ -202,3 +202,18 @@ def test_without_packed_weights_a_seeded_row_is_padded_and_still_repeats(
     while decoder.busy:
         decoder.step()
     assert [c.token_ids for c in crowded.result()] == by_itself
+
+
+def test_a_prompt_prefilled_in_two_parts_scores_as_in_one(engine):
+    from palaestra.models.slot_attention import forward
+
+    model, ids = engine.model, [3, 5, 7, 9, 11, 13, 2, 4]
+    kv = SlotKV(model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(2, 64)
+    with torch.no_grad():
+        whole = forward(model, SlotPlan(kv, [Segment(0, 0, ids)], min_rows=1))[0]
+        forward(model, SlotPlan(kv, [Segment(1, 0, ids[:5])], min_rows=1))
+        # The rest continues slot 1 from position 5: causal over the slot's first five too.
+        rest = forward(model, SlotPlan(kv, [Segment(1, 5, ids[5:])], min_rows=1))[0]
+        plain = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    assert torch.allclose(rest, whole, atol=1e-5) and torch.allclose(whole, plain, atol=1e-5)
