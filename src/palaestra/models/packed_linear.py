@@ -59,12 +59,16 @@ class PackedLinears:
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
         with torch.no_grad():
             self.packed = [_pack(layer.weight) for layer in self.layers]
+        self.forwards = [
+            functools.partial(_linear, packed, layer.bias)
+            for layer, packed in zip(self.layers, self.packed, strict=True)
+        ]
 
     @contextlib.contextmanager
     def active(self):
         """The layers compute with the packed weights inside the block."""
-        for layer, packed in zip(self.layers, self.packed, strict=True):
-            layer.forward = functools.partial(_linear, packed, layer.bias)
+        for layer, forward in zip(self.layers, self.forwards, strict=True):
+            layer.forward = forward
         try:
             yield
         finally:

@@ -131,6 +131,8 @@ class SlotPlan:
     groups: list[tuple[int, int, int, int, int]] = field(init=False)
     """(first flat token, rows, first slot, start, tokens per row): a prompt's segment (one
     row of many tokens), or a run of one-token segments in consecutive slots at one position."""
+    copies: list[tuple[int, range, int]] = field(init=False)
+    """(slot, slots to copy it to, positions): prefills shared by a prompt's other samples."""
 
     def __post_init__(self) -> None:
         segments = sorted(self.segments, key=lambda s: s.slot)
@@ -139,6 +141,7 @@ class SlotPlan:
         if padding > 0:
             segments.append(Segment(self.kv.scratch, 0, [0] * padding))
         self.segments = segments
+        self.copies = [(s.slot, s.copies, s.start + len(s.tokens)) for s in segments if s.copies]
         tokens, positions, slots, last = [], [], [], []
         groups: list[list[int]] = []
         for segment in segments:
@@ -196,13 +199,9 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
                 q, k, v, attn_mask=mask, is_causal=not start, scale=scaling, enable_gqa=True
             )
             out[0, offset : offset + count] = result[0].transpose(0, 1)
-    for segment in plan.segments:
-        if segment.copies:
-            end = segment.start + len(segment.tokens)
-            for store in (keys, values):
-                store[segment.copies.start : segment.copies.stop, :, :end] = store[
-                    segment.slot, :, :end
-                ]
+    for slot, copies, end in plan.copies:
+        for store in (keys, values):
+            store[copies.start : copies.stop, :, :end] = store[slot, :, :end]
     return out, None
 
 

@@ -143,10 +143,8 @@ class TorchEngine:
 
     def generate_requests(self, requests: list) -> list[list[Completion]]:
         """``request.n`` completions of each request, all requests batched together."""
-        for index, request in enumerate(requests):
-            self._check(index, request)
         decoder = self.decoder()
-        futures = [decoder.add(request) for request in requests]
+        futures = [decoder.add(request, index) for index, request in enumerate(requests)]
         was_training = self.model.training
         self.model.eval()
         try:
@@ -335,12 +333,13 @@ class Decoder:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def add(self, request) -> Future:
+    def add(self, request, index: int = 0) -> Future:
         """Queue ``request``; its future gets ``request.n`` completions once all are done.
 
-        A request the engine cannot take (no prompt, over the context) raises here.
+        A request the engine cannot take (no prompt, over the context) raises here, named as
+        request ``index``.
         """
-        self.engine._check(0, request)
+        self.engine._check(index, request)
         future: Future = Future()
         self.waiting.append(_Pending(request, self.engine._rows(request, 0), future))
         return future
@@ -475,7 +474,7 @@ class PassDecoder:
     def busy(self) -> bool:
         return bool(self.waiting)
 
-    def add(self, request) -> Future:
+    def add(self, request, index: int = 0) -> Future:
         future: Future = Future()
         self.waiting.append((request, future))
         return future
