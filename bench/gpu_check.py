@@ -1,0 +1,245 @@
+"""The torch path on a CUDA GPU: GRPO steps of a tiny model and of the embedded model, trained
+by the code a user's run uses, and how far bfloat16 strays from float32 there.
+
+    python bench/gpu_check.py [--models tiny,embedded] [--steps 3] [--tokenizer DIR] [--json PATH]
+
+For each model:
+- **precision**: ``bench/precision.py``'s comparison on the GPU. One step's haiku answers are
+  sampled by the torch engine in bfloat16 (a copy of float32 weights, as a run on a GPU samples),
+  then scored in float32 and under bfloat16 autocast: the engine's log-probs against the float32
+  pass, the learner's bfloat16 log-probs against float32, and the DAPO loss gradient's cosine.
+- **training**: ``TrainConfig(...).train()`` with ``rollout_num_gpus=1``, once in bfloat16 and
+  once in float32, on the built-in haiku dataset and the haiku reward. Per step: step, rollout
+  and train seconds, generated tokens per second, loss, reward, and the gap between the
+  sampler's and the learner's log-probs that every run logs (``sampler_logprob_abs_diff``).
+  The first step is warm-up (kernel selection, allocator growth) and is reported apart.
+
+The tiny model is a 4-layer Llama built in code around the embedded model's tokenizer (from
+``--tokenizer``, or the embedded model's converted folder); its random weights never write a
+haiku, so its reward is the number of distinct characters of an answer instead. The GPU's
+measured bfloat16 matmul rate heads the report. Exits non-zero when a loss is not finite or a
+log-prob gap exceeds its bound, so a broken CUDA path fails loudly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from precision import precision_report
+
+# Bounds, in nats, for the checks that fail the script: bfloat16 has 8 bits of mantissa, so a
+# log-prob near -5 moves by ~0.02 per rounding; means of a few hundredths are expected, and a
+# mean above these bounds means something other than rounding (a wrong cast, a wrong kernel).
+ENGINE_DIFF_MEAN_BOUND = 0.1
+LEARNER_DIFF_MEAN_BOUND = 0.1
+
+
+def haiku_reward(args, sample, **kwargs) -> float:
+    from palaestra.rewards.haiku import score_haiku
+
+    return score_haiku(sample.response)
+
+
+def distinct_characters(text: str) -> float:
+    """The tiny model's reward: its random weights never write a haiku (every answer would
+    score -10 and no group would have an advantage), but its answers differ in this."""
+    return len(set(text)) / 10
+
+
+def distinct_reward(args, sample, **kwargs) -> float:
+    return distinct_characters(sample.response)
+
+
+def matmul_tflops(dtype: torch.dtype = torch.bfloat16, size: int = 8192) -> float:
+    """Measured rate of one ``size``-cubed product on the GPU: mean of 10 after 3 warm-ups."""
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * size**3 * 10 / (time.perf_counter() - started) / 1e12
+
+
+def tiny_model_dir(tokenizer_dir: str, folder: Path) -> Path:
+    """A 4-layer, 256-wide Llama with random weights around ``tokenizer_dir``'s tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+PROMPTS, SAMPLES = 8, 8
+
+
+def train_rows(model_config, precision: str, steps: int, gpus: int, reward) -> list[dict]:
+    """The metrics rows of a run of ``steps`` GRPO steps on ``gpus`` GPUs (0: the CPU),
+    trained in this process."""
+    from palaestra import HuggingFaceDataset, Recipe, TrainConfig, builtin_dataset
+
+    config = TrainConfig(
+        model=model_config,
+        dataset=HuggingFaceDataset(
+            hf_repo=str(builtin_dataset("haiku")),
+            hf_split="train",
+            input_column="keywords",
+            prompt_template="Write a haiku about {input}.",
+        ),
+        recipe=Recipe(
+            num_rollout=steps,
+            rollout_batch_size=PROMPTS,
+            n_samples_per_prompt=SAMPLES,
+            rollout_max_response_len=64,
+            lr=1e-5,
+            rollout_num_gpus=gpus,
+            precision=precision,
+            save_interval=None,
+            custom_rm_function=reward,
+        ),
+        name=f"gpu-check-{precision}",
+    )
+    return config.train().metrics()
+
+
+def step_summary(row: dict) -> dict:
+    tokens = row["response_length_mean"] * PROMPTS * SAMPLES
+    keys = ("step", "step_s", "rollout_s", "train_s", "loss", "grad_norm", "reward_mean")
+    summary = {k: row[k] for k in keys if k in row}
+    summary["generated_tokens_per_s"] = tokens / row["rollout_s"]
+    if "sampler_logprob_abs_diff" in row:
+        summary["sampler_logprob_abs_diff"] = row["sampler_logprob_abs_diff"]
+    return summary
+
+
+def check_model(name: str, model_config, steps: int, device: str, precisions: list[str]) -> dict:
+    from palaestra.models.loading import load_causal_lm, load_tokenizer
+
+    weights = model_config.weights_path()
+    tokenizer = load_tokenizer(weights, model_config.chat_template)
+    model = load_causal_lm(weights, torch.float32).to(device)
+    report: dict = {"model": name, "parameters": sum(p.numel() for p in model.parameters())}
+    score = distinct_characters if name == "tiny" else None
+    report["precision"] = precision_report(model, tokenizer, 4, 8, 48, torch.bfloat16, score)
+    del model
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+    for precision in precisions:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        reward = distinct_reward if name == "tiny" else haiku_reward
+        rows = train_rows(model_config, precision, steps, 1 if cuda else 0, reward)
+        report[f"train_{precision}"] = {
+            "wall_s": time.perf_counter() - started,
+            "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0,
+            "steps": [step_summary(row) for row in rows],
+        }
+    return report
+
+
+def failures(report: dict) -> list[str]:
+    found = []
+    precision = report["precision"]
+    if precision["engine_logprob_abs_diff_mean"] > ENGINE_DIFF_MEAN_BOUND:
+        found.append(f"{report['model']}: engine log-probs stray from float32")
+    if precision["logprob_abs_diff_mean"] > LEARNER_DIFF_MEAN_BOUND:
+        found.append(f"{report['model']}: bfloat16 learner log-probs stray from float32")
+    for key in [k for k in report if k.startswith("train_")]:
+        for step in report[key]["steps"]:
+            if not all(math.isfinite(step.get(k, math.nan)) for k in ("loss", "grad_norm")):
+                found.append(f"{report['model']} {key} step {step['step']}: loss not finite")
+    return found
+
+
+def print_report(report: dict) -> None:
+    print(f"\n## {report['model']} ({report['parameters'] / 1e6:.1f} M parameters)")
+    print("| precision check | value |\n|---|---|")
+    for key, value in report["precision"].items():
+        print(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
+    for key in [k for k in report if k.startswith("train_")]:
+        run = report[key]
+        print(f"\n{key}: {run['wall_s']:.1f} s in all, peak {run['peak_gpu_mib']:.0f} MiB on GPU")
+        print("| step | step s | rollout s | train s | tok/s | loss | grad norm | reward | gap |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for s in run["steps"]:
+            print(
+                f"| {s['step']} | {s['step_s']:.2f} | {s['rollout_s']:.2f} | {s['train_s']:.2f} "
+                f"| {s['generated_tokens_per_s']:.0f} | {s['loss']:.4f} | {s['grad_norm']:.3f} "
+                f"| {s['reward_mean']:.2f} "
+                f"| {s.get('sampler_logprob_abs_diff', float('nan')):.4f} |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,embedded")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--tokenizer", default=None, help="folder with the tokenizer for tiny")
+    parser.add_argument("--precisions", default="bfloat16,float32", help="training runs to make")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--cpu", action="store_true", help="run the same checks on the CPU (to try the script)"
+    )
+    args = parser.parse_args()
+    device = "cpu" if args.cpu else "cuda"
+    if not args.cpu and not torch.cuda.is_available():
+        raise SystemExit("gpu_check needs a CUDA GPU; torch sees none (--cpu tries it on the CPU)")
+
+    from palaestra import ModelConfig, SmolLM2_135M
+
+    head = {
+        "gpu": "none (--cpu)" if args.cpu else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "bf16_matmul_tflops": 0.0 if args.cpu else matmul_tflops(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(json.dumps(head))
+    reports = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.models.split(","):
+            if name == "tiny":
+                tokenizer_dir = args.tokenizer or SmolLM2_135M().weights_path()
+                folder = tiny_model_dir(tokenizer_dir, Path(scratch) / "tiny")
+                model_config = ModelConfig.from_pretrained(folder, name="tiny-llama")
+            elif name == "embedded":
+                model_config = SmolLM2_135M()
+            else:
+                raise SystemExit(f"--models: unknown model {name!r} (tiny, embedded)")
+            report = check_model(name, model_config, args.steps, device, args.precisions.split(","))
+            print_report(report)
+            reports.append(report)
+    problems = [p for r in reports for p in failures(r)]
+    if args.json:
+        args.json.write_text(json.dumps({**head, "models": reports}, indent=2) + "\n")
+    if problems:
+        raise SystemExit("FAILED: " + "; ".join(problems))
+    print("\nall checks passed")
+
+
+if __name__ == "__main__":
+    main()
