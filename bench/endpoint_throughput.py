@@ -130,11 +130,13 @@ def main() -> None:
         latency = latency_among_long(endpoint)
     finally:
         endpoint.stop()
-    print(f"{'concurrency':>11}  {'seeded':>6}  {'requests':>8}  {'tokens':>6}  {'seconds':>7}  {'tokens/s':>8}")
+    columns = ("concurrency", "seeded", "requests", "tokens", "seconds", "tokens/s")
+    widths = (11, 6, 8, 6, 7, 8)
+    print("  ".join(f"{c:>{w}}" for c, w in zip(columns, widths, strict=True)))
     for r in results:
         print(
-            f"{r['concurrency']:>11}  {str(r['seeded']):>6}  {r['requests']:>8}  {r['completion_tokens']:>6}  "
-            f"{r['seconds']:>7}  {r['tokens_per_s']:>8}"
+            f"{r['concurrency']:>11}  {str(r['seeded']):>6}  {r['requests']:>8}  "
+            f"{r['completion_tokens']:>6}  {r['seconds']:>7}  {r['tokens_per_s']:>8}"
         )
     speedup = results[1]["tokens_per_s"] / results[0]["tokens_per_s"]
     print(f"concurrency 8 / concurrency 1 (both seeded): {speedup:.2f}x")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.models.slot_attention import MIN_ROWS, SlotKV, SlotPlan, Segment, bucket
+from palaestra.models.slot_attention import MIN_ROWS, Segment, SlotKV, SlotPlan, bucket
 from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
 
 

@@ -67,7 +67,8 @@ class Batcher:
             future = await handed
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            request.cancel.set()  # waiting: never started; running: its rows end at their next token
+            # Waiting: it never starts; running: its rows end at their next token.
+            request.cancel.set()
             self.cancelled += 1
             raise
         finally:
