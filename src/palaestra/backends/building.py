@@ -89,10 +89,45 @@ def make_learner(config, start: Start, tokenizer, device: str) -> Learner:
     return learner
 
 
-def make_engine(model: torch.nn.Module, tokenizer, precision: str) -> TorchEngine:
-    """An engine sampling from ``model``, in bfloat16 (from a copy) where ``precision`` asks."""
-    dtype = compute_dtype(precision, next(model.parameters()).device)
+def engine_kind(recipe, device: str) -> str:
+    """``"torch"`` or ``"vllm"``: what ``recipe.rollout_engine`` resolves to on ``device``.
+    Auto takes vLLM on a CUDA GPU when it is installed and the policy is trained in full (a LoRA
+    policy's adapters change every step; the torch engine samples them where they are)."""
+    if recipe.rollout_engine != "auto":
+        return recipe.rollout_engine
+    from palaestra.rollout.vllm_engine import vllm_available
+
+    if device == "cuda" and not recipe.lora_rank and vllm_available():
+        return "vllm"
+    return "torch"
+
+
+def make_engine(config, model: torch.nn.Module, tokenizer, weights: str) -> RolloutEngine:
+    """The engine of ``config`` for ``model`` (the learner's module, or a worker's copy):
+    the torch engine over it (in bfloat16, from a copy, where the precision asks), or vLLM
+    loaded from the folder ``weights``, which holds what ``model`` was loaded from."""
+    recipe = config.recipe
+    device = next(model.parameters()).device
+    dtype = compute_dtype(recipe.precision, device)
+    if engine_kind(recipe, device.type) == "vllm":
+        from palaestra.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            weights,
+            tokenizer,
+            dtype=str(dtype).removeprefix("torch."),
+            seed=recipe.seed,
+            # Beside a learner on the same GPU: vLLM takes this share of its memory.
+            gpu_memory_utilization=VLLM_GPU_SHARE,
+        )
     return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
+
+
+VLLM_GPU_SHARE = 0.4
+"""Share of a GPU's memory vLLM's engine takes (weights, activations, KV cache) when it sits
+beside the learner on one GPU: the rest holds the learner's float32 weights, gradients, Adam
+moments and activations (about 16 bytes a parameter before activations: 64 GB for a 4B model,
+so a 4B model trains on one 141 GB H200 with 56 GB left to vLLM)."""
 
 
 def make_sampler(

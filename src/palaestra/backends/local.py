@@ -13,6 +13,7 @@ from palaestra.backends.building import (
     make_learner,
     make_sampler,
     prepare_data,
+    starting_weights,
     tokenizer_of,
 )
 from palaestra.rollout.demonstrations import DemonstrationSampler
@@ -26,5 +27,5 @@ def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampl
     tokenizer = tokenizer_of(config, start)
     data = prepare_data(config, tokenizer)  # a bad dataset fails before the model loads
     learner = make_learner(config, start, tokenizer, device_of(config))
-    engine = make_engine(learner.model, tokenizer, config.recipe.precision)
+    engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
     return make_sampler(config, engine, data), learner

