@@ -177,3 +177,35 @@ def test_vllm_engine_is_refused_with_what_to_install_or_change(monkeypatch):
         check_runnable_here(lora)
     with pytest.raises(ValidationError, match="rollout_engine"):
         Recipe(rollout_engine="sglang")
+
+
+def test_gpus_divide_into_one_learner_gpu_and_one_engine_per_other_gpu():
+    from palaestra.backends.ray_setup import GpuLayout, gpu_layout
+
+    assert gpu_layout(Recipe()) == GpuLayout(learner=0.0, workers=1, per_worker=0.0)
+    # One GPU: learner and engine share it (half each in Ray's accounting).
+    assert gpu_layout(Recipe(rollout_num_gpus=1)) == GpuLayout(0.5, 1, 0.5)
+    two = Recipe(backend="ray", rollout_num_gpus=1, num_rollout_workers=2)
+    assert gpu_layout(two) == GpuLayout(0.5, 2, 0.25)
+    # The tutorial's 8: one trains, seven sample, one worker (one engine) each.
+    assert gpu_layout(Recipe(rollout_num_gpus=8)) == GpuLayout(1.0, 7, 1.0)
+    # Workers chosen by hand may share GPUs, but never span two.
+    assert gpu_layout(Recipe(rollout_num_gpus=3, num_rollout_workers=4)) == GpuLayout(1.0, 4, 0.5)
+    with pytest.raises(RecipeNotRunnableError, match="set num_rollout_workers=7"):
+        gpu_layout(Recipe(rollout_num_gpus=8, num_rollout_workers=2))
+
+
+def test_more_than_one_gpu_runs_on_ray_and_the_refusal_is_gone(monkeypatch):
+    import torch
+
+    from palaestra.launch.worker import backend_of
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    check_runnable_here(Recipe(rollout_num_gpus=8, custom_rm_function=reward))
+
+    class Config:
+        recipe = Recipe(rollout_num_gpus=8)
+
+    assert backend_of(Config).__name__ == "build_ray"
+    Config.recipe = Recipe(rollout_num_gpus=1)
+    assert backend_of(Config).__name__ == "build_local"

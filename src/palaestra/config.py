@@ -68,10 +68,11 @@ class TrainConfig(BaseModel):
         """Everything that can fail before training, checked in the caller's process: the
         recipe against this machine, the dataset's columns, the model's and checkpoint's files."""
         check_runnable_here(self.recipe)
-        if self.recipe.backend == "ray":
-            from palaestra.backends.ray_setup import check_ray_here
+        if self.recipe.backend == "ray" or self.recipe.rollout_num_gpus > 1:
+            from palaestra.backends.ray_setup import check_ray_here, gpu_layout
 
             check_ray_here(self.recipe)  # Ray installed, its address answering, overlay mapped
+            gpu_layout(self.recipe)  # the GPUs divide among the actors
         for dataset in (self.dataset, self.eval_dataset):
             if dataset is not None:
                 dataset.check_columns(dataset.load())

@@ -272,7 +272,10 @@ class Recipe(BaseModel):
     ``loss_type="bnpo"``, whose normaliser is each micro-batch's own token count."""
     rollout_num_gpus: int = Field(0, ge=0)
     """GPUs for generation and training; 0 runs on the CPU. More than the machine has is an
-    error."""
+    error. With 1, the learner and the engine share the GPU. With more, the run uses Ray (the
+    ``ray`` extra; a Ray instance of its own unless ``backend="ray"`` names a cluster): the
+    learner trains on one GPU and each of the others runs a rollout worker with its own
+    engine (vLLM where installed), weights sent to them after each step."""
     rollout_engine: Literal["auto", "torch", "vllm"] = "auto"
     """What generates rollouts. ``"torch"``: palaestra's own engine (continuous batching over
     any Hugging Face causal LM, on the CPU or a GPU, LoRA included). ``"vllm"``: vLLM's engine
@@ -364,6 +367,8 @@ class Recipe(BaseModel):
                 ("ray_address", None),
                 ("runtime_env", None),
             ):
+                if name == "num_rollout_workers" and self.rollout_num_gpus > 1:
+                    continue  # more than one GPU runs on Ray: its workers divide the GPUs
                 value = getattr(self, name)
                 if value != default:
                     raise ValueError(
@@ -411,11 +416,6 @@ def check_runnable_here(recipe: Recipe) -> None:
                 f"rollout_num_gpus={recipe.rollout_num_gpus}, but this machine has {available} "
                 f"CUDA GPU(s). Set rollout_num_gpus={available} "
                 + ("to train on the CPU." if available == 0 else "or fewer.")
-            )
-        if recipe.rollout_num_gpus > 1:
-            raise RecipeNotRunnableError(
-                f"rollout_num_gpus={recipe.rollout_num_gpus}: the local backend uses one GPU; "
-                "set rollout_num_gpus=1."
             )
     if recipe.rollout_engine == "vllm":
         check_vllm_engine(recipe)

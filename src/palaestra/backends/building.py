@@ -102,14 +102,14 @@ def engine_kind(recipe, device: str) -> str:
     return "torch"
 
 
-def make_engine(config, model: torch.nn.Module, tokenizer, weights: str) -> RolloutEngine:
-    """The engine of ``config`` for ``model`` (the learner's module, or a worker's copy):
-    the torch engine over it (in bfloat16, from a copy, where the precision asks), or vLLM
-    loaded from the folder ``weights``, which holds what ``model`` was loaded from."""
+def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) -> RolloutEngine:
+    """The engine of ``config``: the torch engine over ``model`` (the learner's module, or a
+    worker's copy; in bfloat16, from a copy, where the precision asks), or vLLM loaded from the
+    folder ``weights`` (what ``model`` was loaded from; a vLLM worker loads no ``model``)."""
     recipe = config.recipe
-    device = next(model.parameters()).device
+    device = device_of(config)
     dtype = compute_dtype(recipe.precision, device)
-    if engine_kind(recipe, device.type) == "vllm":
+    if engine_kind(recipe, device) == "vllm":
         from palaestra.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(
@@ -118,14 +118,15 @@ def make_engine(config, model: torch.nn.Module, tokenizer, weights: str) -> Roll
             dtype=str(dtype).removeprefix("torch."),
             seed=recipe.seed,
             # Beside a learner on the same GPU: vLLM takes this share of its memory.
-            gpu_memory_utilization=VLLM_GPU_SHARE,
+            gpu_memory_utilization=VLLM_GPU_SHARE if recipe.rollout_num_gpus == 1 else 0.9,
         )
     return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
 
 
 VLLM_GPU_SHARE = 0.4
 """Share of a GPU's memory vLLM's engine takes (weights, activations, KV cache) when it sits
-beside the learner on one GPU: the rest holds the learner's float32 weights, gradients, Adam
+beside the learner on one GPU (``rollout_num_gpus=1``; with more, each engine has a GPU of
+its own and takes 90%): the rest holds the learner's float32 weights, gradients, Adam
 moments and activations (about 16 bytes a parameter before activations: 64 GB for a 4B model,
 so a 4B model trains on one 141 GB H200 with 56 GB left to vLLM)."""
 

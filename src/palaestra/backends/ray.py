@@ -32,13 +32,14 @@ import torch
 
 from palaestra.backends.building import (
     device_of,
+    engine_kind,
     make_engine,
     make_learner,
     make_sampler,
     prepare_data,
     tokenizer_of,
 )
-from palaestra.backends.ray_setup import check_address, import_ray, runtime_env_of
+from palaestra.backends.ray_setup import check_address, gpu_layout, import_ray, runtime_env_of
 from palaestra.models.loading import load_causal_lm, load_tokenizer
 from palaestra.recipes import RecipeNotRunnableError
 from palaestra.train.lora import apply_lora
@@ -126,7 +127,7 @@ class RayCluster:
     def _init(ray, recipe, runtime_env: dict) -> str:
         """Start or join Ray; where the run now is, in words."""
         if recipe.ray_address is None:
-            need = recipe.num_rollout_workers * recipe.ray_cpus_per_worker
+            need = gpu_layout(recipe).workers * recipe.ray_cpus_per_worker
             ray.init(
                 num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
                 include_dashboard=False,
@@ -152,7 +153,7 @@ class RayCluster:
 
         actor_class = self.ray.remote(LearnerActor).options(
             num_cpus=0,
-            num_gpus=1 if config.recipe.rollout_num_gpus else 0,
+            num_gpus=gpu_layout(config.recipe).learner,
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.driver_node, soft=False),
             max_restarts=0,
         )
@@ -167,10 +168,11 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         recipe = config.recipe
-        count = recipe.num_rollout_workers
+        layout = gpu_layout(recipe)
+        count = layout.workers
         bundle = {"CPU": recipe.ray_cpus_per_worker}
-        if recipe.rollout_num_gpus:
-            bundle["GPU"] = recipe.rollout_num_gpus / count
+        if layout.per_worker:
+            bundle["GPU"] = layout.per_worker
         group = placement_group([bundle] * count, strategy="SPREAD")
         self.groups.append(group)
         try:
@@ -500,16 +502,18 @@ class RolloutWorker(ActorBase):
         tokenizer = load_tokenizer(
             model_config.weights_path(), model_config.chat_template, model_config.revision
         )
-        model = load_causal_lm(
-            model_config.weights_path(),
-            torch.float32,
-            device_of(config),
-            model_config.revision,
-            model_config.trust_remote_code,
-        )
-        if recipe.lora_rank:
-            model = apply_lora(model, recipe)
-        model.config.use_cache = True
+        model = None
+        if engine_kind(recipe, device_of(config)) == "torch":  # vLLM loads its own copy
+            model = load_causal_lm(
+                model_config.weights_path(),
+                torch.float32,
+                device_of(config),
+                model_config.revision,
+                model_config.trust_remote_code,
+            )
+            if recipe.lora_rank:
+                model = apply_lora(model, recipe)
+            model.config.use_cache = True
         self.engine = make_engine(config, model, tokenizer, model_config.weights_path())
 
     def generate(self, requests: list) -> tuple[int, list[list[Completion]]]:

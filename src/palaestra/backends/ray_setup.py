@@ -12,11 +12,51 @@ from __future__ import annotations
 
 import shlex
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from palaestra.recipes import Recipe, RecipeNotRunnableError
 
 RAY_EXTRA = "backend='ray' needs Ray, which is not installed: pip install 'palaestra[ray]'"
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """The GPUs each actor of a run reserves in Ray's accounting."""
+
+    learner: float
+    workers: int
+    per_worker: float
+
+
+def gpu_layout(recipe: Recipe) -> GpuLayout:
+    """Where ``recipe.rollout_num_gpus`` GPUs go: the learner trains on one GPU, and sampling
+    takes the rest, one engine (vLLM on CUDA) per GPU.
+
+    - 0: none, everything on CPUs.
+    - 1: learner and rollout workers share the one GPU (half each in Ray's accounting; vLLM
+      takes ``VLLM_GPU_SHARE`` of its memory, the learner the rest).
+    - N > 1: one GPU for the learner, N - 1 for the rollout workers: by default one worker per
+      GPU, each its own engine, so the tutorial's ``rollout_num_gpus=8`` samples on 7 GPUs
+      while the 8th trains. Nothing is idle during sampling but the learner's GPU, and nothing
+      pays vLLM's sleep and wake each step. A colocated layout (every GPU samples, then sleeps
+      while training) would only pay off with a learner sharded over all of them.
+    """
+    n = recipe.rollout_num_gpus
+    chosen = "num_rollout_workers" in recipe.model_fields_set
+    workers = recipe.num_rollout_workers if chosen or n <= 1 else n - 1
+    if n == 0:
+        return GpuLayout(0.0, workers, 0.0)
+    if n == 1:
+        return GpuLayout(0.5, workers, 0.5 / workers)
+    per_worker = (n - 1) / workers
+    if per_worker > 1:
+        raise RecipeNotRunnableError(
+            f"rollout_num_gpus={n} with num_rollout_workers={workers}: the learner takes one GPU "
+            f"and each worker would take {per_worker:g} of the other {n - 1}, but an engine "
+            f"samples on one GPU; set num_rollout_workers={n - 1} (or leave it unset)"
+        )
+    return GpuLayout(1.0, workers, per_worker)
 
 
 def import_ray():
