@@ -41,7 +41,10 @@ def vllm_available() -> bool:
 
 class VLLMEngine:
     """Samples with vLLM from the Hugging Face folder ``model_path`` (a run's starting weights:
-    the model's converted folder or a checkpoint); ``dtype`` as vLLM spells it."""
+    the model's converted folder or a checkpoint); ``dtype`` as vLLM spells it. On a GPU vLLM
+    takes ``gpu_memory_utilization`` of its memory; on the CPU build, a KV cache of
+    ``cpu_kv_cache_gib`` (vLLM's own default there is half the machine's memory, in the
+    process that also trains)."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
+        cpu_kv_cache_gib: float = 1.0,
         **engine_kwargs: Any,
     ) -> None:
         # The engine core in this process: weight updates pass tensors, not pickles.
@@ -66,6 +70,10 @@ class VLLMEngine:
 
         self.tokenizer = tokenizer
         self.weight_version = 0
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            engine_kwargs.setdefault("kv_cache_memory_bytes", int(cpu_kv_cache_gib * 2**30))
         threads = torch.get_num_threads()
         rng = random_states()
         self.llm = LLM(
