@@ -1,5 +1,5 @@
 # The two entry points: `make haiku` (the haiku tutorial on the embedded model) and `make test`;
-# `make number-guess` runs the multi-turn tutorial.
+# `make number-guess` runs the multi-turn tutorial, `make test-vllm` only the vLLM tests.
 # Both set up .venv first. torch is installed pinned, on its own, before anything that needs it,
 # so pip takes the CPU build instead of pulling a multi-GB CUDA one.
 
@@ -29,8 +29,10 @@ haiku: setup
 number-guess: setup
 	$(PY) examples/number_guess.py
 
-test: setup
+# The suite, then the tests marked `vllm` in the vLLM venv (they skip in .venv, which has no vLLM).
+test: setup setup-vllm
 	$(PY) -m pytest -q
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_*.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests examples
@@ -50,4 +52,4 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 # The tests marked `vllm`: the vLLM engine and `vllm serve` on the embedded model (CPU build).
 test-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -m vllm
+	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_*.py

@@ -1,7 +1,7 @@
 """Generation throughput of the embedded model: plain transformers, the torch engine, an Endpoint.
 
     python bench/generation.py [--requests 16] [--max-tokens 64] [--concurrency 8] [--rounds 1]
-                               [--endpoint] [--json PATH]
+                               [--endpoint] [--vllm float32,bfloat16] [--json PATH]
 
 Every mode answers the same chat requests ("Write a haiku about {topic}." with the haiku test
 split's topics, request i seeded with i, temperature 1, top-p 1, no top-k) on SmolLM2-135M-Instruct,
@@ -13,6 +13,9 @@ and is timed by completion tokens per second:
 - ``engine-bf16``: the same, the engine sampling from a bfloat16 copy of the weights (when the
   installed ``TorchEngine`` takes ``dtype``).
 - ``endpoint`` (with ``--endpoint``): chat completions over HTTP, ``--concurrency`` in flight.
+- ``vllm-<dtype>`` (with ``--vllm``, where vLLM is installed: ``make setup-vllm`` makes a venv
+  with its CPU build): palaestra's vLLM engine, the same requests in one call, vLLM running at
+  most ``--concurrency`` of them at once (``max_num_seqs``). Its start is not timed.
 
 Tokens are counted from the outputs: generate's new tokens up to and including the first
 end-of-sequence token, the engine's completion token ids, the endpoint's ``usage``. Each mode
@@ -125,6 +128,19 @@ def engine_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
     return Mode(name, concurrency, run)
 
 
+def vllm_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
+    from palaestra.rollout import GenerationRequest, SamplingParams
+
+    def run(requests: list[Request]) -> int:
+        batch = [
+            GenerationRequest(r.token_ids, 1, SamplingParams(max_tokens, 1.0, 1.0, seed=r.seed))
+            for r in requests
+        ]
+        return sum(len(c.token_ids) for group in engine.generate_requests(batch) for c in group)
+
+    return Mode(name, concurrency, run)
+
+
 def endpoint_mode(endpoint, max_tokens: int, concurrency: int) -> Mode:
     def one(request: Request) -> int:
         reply = endpoint.chat_completion(
@@ -209,6 +225,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="of the engines and endpoint")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--endpoint", action="store_true", help="also time an Endpoint")
+    parser.add_argument("--vllm", default="", help="vLLM engine dtypes to time, e.g. float32")
     parser.add_argument("--json", type=Path, help="also write the JSON results here")
     args = parser.parse_args()
 
@@ -233,6 +250,16 @@ def main() -> None:
     else:
         print("engine-bf16 skipped: this TorchEngine takes no dtype")
 
+    vllm_engines = []
+    for dtype in filter(None, args.vllm.split(",")):
+        from palaestra.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(
+            weights, tokenizer, dtype=dtype, max_model_len=1024, max_num_seqs=args.concurrency
+        )
+        vllm_engines.append(engine)
+        modes.append(vllm_mode(f"vllm-{dtype}", engine, args.max_tokens, args.concurrency))
+
     endpoint = None
     try:
         if args.endpoint:
@@ -246,6 +273,8 @@ def main() -> None:
     finally:
         if endpoint is not None:
             endpoint.stop()
+        for engine in vllm_engines:
+            engine.close()
 
     rows = summarise(modes, results)
     report = {
