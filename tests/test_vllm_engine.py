@@ -133,7 +133,9 @@ def test_weight_sync_changes_what_vllm_samples(engine, prompt, embedded, checkpo
     with torch.no_grad():  # an update the size of many GRPO steps at a high lr
         torch.manual_seed(0)
         for name, param in learner.named_parameters():
-            if ".mlp." in name:
+            # The embeddings too: the output head is tied to them, and vLLM's CPU build packs
+            # a copy of that head for its matmul.
+            if ".mlp." in name or "embed_tokens" in name:
                 param.add_(torch.randn_like(param) * param.std() * 0.5)
     engine.update_weights(dict(learner.named_parameters()), version=1)
     after = engine.generate([prompt], 1, greedy)[0][0].token_ids
@@ -151,3 +153,39 @@ def test_lora_weights_are_refused_with_the_way_out(engine):
     with pytest.raises(ValueError, match="rollout_engine='torch'"):
         engine.update_weights({"base_model.model.lm_head.lora_A.default.weight": None}, 99)
     assert engine.weight_version == version
+
+
+async def distinct_characters(args, sample, **kwargs) -> float:
+    return len(set(sample.response)) / 10
+
+
+def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedded):
+    """Two GRPO steps with rollout_engine="vllm" through TrainConfig.train(): the second
+    step's samples come from the weights the first step made, and the sampler's log-probs stay
+    within float32 rounding of the learner's own."""
+    from palaestra import LocalDataset, Recipe, SmolLM2_135M, TrainConfig
+
+    data = tmp_path / "topics.jsonl"
+    data.write_text("".join(f'{{"topic": "{t}"}}\n' for t in ("rain", "snow", "moon", "sea")))
+    config = TrainConfig(
+        model=SmolLM2_135M(),
+        dataset=LocalDataset(path=str(data), input_column="topic", prompt_template="Say {input}"),
+        recipe=Recipe(
+            num_rollout=2,
+            rollout_batch_size=2,
+            n_samples_per_prompt=4,
+            rollout_max_response_len=16,
+            lr=1e-4,
+            precision="float32",
+            rollout_engine="vllm",
+            save_interval=None,
+            custom_rm_function=distinct_characters,
+        ),
+    )
+    result = config.train()
+    metrics = result.metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    for row in metrics:
+        assert row["sampler_logprob_abs_diff"] < LOGPROB_MEAN_TOL, row
+    versions = {(s["step"], s["weight_version"]) for s in result.samples()}
+    assert versions == {(1, 0), (2, 1)}

