@@ -384,12 +384,21 @@ def cmd_run_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import secrets
 
+    from palaestra.serve import vllm_server
     from palaestra.serve.server import serve_in_foreground
 
+    try:
+        engine = vllm_server.choose_engine(args.engine)
+    except ImportError as error:
+        raise CommandError(str(error)) from None
     api_key = args.api_key
     if args.authenticated and api_key is None:
         api_key = f"pal-{secrets.token_urlsafe(24)}"
         print(f"API key: {api_key}")
+    if engine == "vllm":
+        return vllm_server.serve_in_foreground(
+            args.target, args.host, args.port, args.name, api_key
+        )
     serve_in_foreground(
         args.target,
         args.host,
@@ -447,11 +456,17 @@ def cmd_endpoint_list(args: argparse.Namespace) -> int:
         print(json.dumps(endpoints, indent=2))
         return 0
     rows = [
-        [e["name"], e["url"] or "-", e["checkpoint"] or e["model"], _when(e["started_at"])]
+        [
+            e["name"],
+            e["url"] or "-",
+            e["engine"],
+            e["checkpoint"] or e["model"],
+            _when(e["started_at"]),
+        ]
         for e in endpoints
     ]
     print(
-        table(rows, ["NAME", "URL", "SERVES", "STARTED"], shrink=(2,))
+        table(rows, ["NAME", "URL", "ENGINE", "SERVES", "STARTED"], shrink=(3,))
         if rows
         else "no running endpoints"
     )
@@ -581,6 +596,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=256,
         help="requests held at once before new ones get 503 + Retry-After (default 256)",
+    )
+    serve.add_argument(
+        "--engine",
+        choices=("auto", "torch", "vllm"),
+        default="auto",
+        help="torch: palaestra's server; vllm: vLLM's own (`vllm serve`, needs the vllm extra; "
+        "the two limits above are the torch server's); auto (default): vllm on a CUDA machine "
+        "that has it installed, else torch",
     )
     serve.set_defaults(handler=cmd_serve)
 

@@ -1,7 +1,8 @@
 """Endpoint records: the one module that writes and reads ``<home>/endpoints``.
 
     <name>.json   name, url, host, port, pid, pid_start, model, checkpoint, run_id, step,
-                  started_at, log, authenticated (written by the launcher, url by the server)
+                  started_at, log, authenticated, engine ("torch": palaestra's server, "vllm":
+                  `vllm serve`) (written by the launcher, url by the server)
     <name>.key    the API key, readable by the owner only (authenticated endpoints)
     <name>.log    the server's output
     <name>.spec   what the server process serves (model, checkpoint, host, port); not *.json,
@@ -38,6 +39,7 @@ ENDPOINT_FIELDS = (
     "started_at",
     "log",
     "authenticated",
+    "engine",
 )
 """What an endpoint record may show; anything else in its file (a key, a token) never leaves."""
 
@@ -128,9 +130,11 @@ def new_record(
     port: int | None,
     authenticated: bool,
     log: Path | None,
+    engine: str = "torch",
 ) -> dict[str, Any]:
     """What ``<name>.json`` holds before the server has bound its port (``url`` and ``pid``
-    come later). ``checkpoint`` is a palaestra.checkpoints.Checkpoint or None."""
+    come later). ``checkpoint`` is a palaestra.checkpoints.Checkpoint or None; ``engine`` the
+    server that serves it."""
     return {
         "name": name,
         "url": None,
@@ -145,6 +149,7 @@ def new_record(
         "started_at": time.time(),
         "log": str(log) if log is not None else None,
         "authenticated": authenticated,
+        "engine": engine,
     }
 
 
@@ -171,6 +176,15 @@ def list_endpoints(home: Path | None = None, running_only: bool = True) -> list[
     """What may be shown of each endpoint (ENDPOINT_FIELDS) with ``running`` set: running ones
     unless ``running_only=False``, newest first."""
     return [
-        {**{key: record.get(key) for key in ENDPOINT_FIELDS}, "running": endpoint_running(record)}
+        {
+            **{key: record.get(key) for key in ENDPOINT_FIELDS},
+            "engine": record_engine(record),
+            "running": endpoint_running(record),
+        }
         for record in read_records(home, running_only)
     ]
+
+
+def record_engine(record: dict[str, Any]) -> str:
+    """The server behind a record; records written before vLLM could serve are torch's."""
+    return record.get("engine") or "torch"

@@ -16,10 +16,26 @@ from typing import Any
 from palaestra.checkpoints import Checkpoint, check_model_folder
 from palaestra.launch.process import process_record, spawn_module, stop_process
 from palaestra.models.config import ModelConfig
-from palaestra.runs.endpoints import endpoint_files, new_record, read_records
+from palaestra.runs.endpoints import (
+    EndpointFiles,
+    endpoint_files,
+    new_record,
+    read_records,
+    record_engine,
+)
 from palaestra.runs.liveness import pid_alive
 from palaestra.runs.logs import last_lines
 from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
+from palaestra.serve.vllm_server import (
+    VLLM_SERVER,
+    choose_engine,
+    cuda_available,
+    free_port,
+    is_ready,
+    serve_args,
+    server_env,
+    server_url,
+)
 
 
 class EndpointError(RuntimeError):
@@ -68,6 +84,7 @@ class Endpoint:
         bind_timeout: float = 60.0,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_queued_requests: int = 256,  # serve.app.DEFAULT_MAX_QUEUED_REQUESTS
+        engine: str = "auto",
     ) -> Endpoint:
         """Serve ``model`` (the base weights, or ``checkpoint``'s: a Checkpoint or a path) in a
         new process. Returns once the port is bound; ``wait_until_ready`` waits for the model.
@@ -76,7 +93,13 @@ class Endpoint:
         stopped and replaced. Request bodies over ``max_request_bytes`` are refused (413), and
         requests beyond ``max_queued_requests`` waiting or generating at once get 503 with
         ``Retry-After``.
+
+        ``engine``: ``"torch"``, palaestra's own server; ``"vllm"``, vLLM's (``vllm serve``,
+        the ``vllm`` extra), which has its own request limits (the two above do not apply) and
+        returns as soon as its process starts, its port known; ``"auto"``, vLLM on a machine
+        with a CUDA GPU where it is installed, else torch.
         """
+        engine = choose_engine(engine)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
         if checkpoint is not None:
@@ -91,6 +114,8 @@ class Endpoint:
         files = endpoint_files(name)
         api_key = None if unauthenticated else f"pal-{secrets.token_urlsafe(24)}"
         files.write_key(api_key)
+        if engine == "vllm":
+            return cls._launch_vllm(files, model, checkpoint, host, port, api_key)
         info = new_record(name, model.name, checkpoint, host, port, api_key is not None, files.log)
         files.write(info)
         files.write_spec(
@@ -117,6 +142,32 @@ class Endpoint:
                 raise EndpointError(f"endpoint {name} did not bind a port within {bind_timeout} s")
             time.sleep(0.05)
         return endpoint
+
+    @classmethod
+    def _launch_vllm(
+        cls,
+        files: EndpointFiles,
+        model: ModelConfig,
+        checkpoint: Checkpoint | None,
+        host: str,
+        port: int | None,
+        api_key: str | None,
+    ) -> Endpoint:
+        """``vllm serve`` in a process of its own. The port is chosen here, so the record holds
+        the URL at once; vLLM binds it after importing itself (tens of seconds)."""
+        port = port or free_port(host)
+        info = new_record(
+            files.name, model.name, checkpoint, host, port, api_key is not None, files.log, "vllm"
+        )
+        info["url"] = server_url(host, port)
+        folder = info["checkpoint"]
+        env = server_env(api_key, cuda_available())
+        process = spawn_module(
+            VLLM_SERVER, serve_args(files.name, model, folder, host, port), files.log, env
+        )
+        info = {**info, **process_record(process)}
+        files.write(info)
+        return cls(info, api_key, process)
 
     @classmethod
     def get(cls, name: str) -> Endpoint:
@@ -147,6 +198,11 @@ class Endpoint:
         return self.info["url"] or self._reload()["url"]
 
     @property
+    def engine(self) -> str:
+        """``"torch"`` (palaestra's server) or ``"vllm"`` (``vllm serve``)."""
+        return record_engine(self.info)
+
+    @property
     def is_running(self) -> bool:
         if self._process is not None and self._process.poll() is not None:
             return False
@@ -169,21 +225,27 @@ class Endpoint:
             )
 
     def wait_until_ready(self, timeout: float = 15 * 60) -> Endpoint:
-        """Wait until the model is loaded and answering. Raises EndpointError with the server's
-        last log lines if its process died, TimeoutError if ``timeout`` seconds pass first."""
-        import httpx
-
+        """Wait until the model is loaded and answering (vLLM on a CPU takes minutes). Raises
+        EndpointError with the server's last log lines if its process died, TimeoutError if
+        ``timeout`` seconds pass first."""
         deadline = time.monotonic() + timeout
-        while True:
+        while not self._ready():
             self._raise_if_dead("failed")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"endpoint {self.name} not ready after {timeout} s")
             time.sleep(0.2)
+        return self
+
+    def _ready(self) -> bool:
+        """palaestra's server says so on ``/health``; vLLM's by listing the endpoint's name."""
+        import httpx
+
+        if self.engine == "vllm":
+            return is_ready(self.url, self.name, self.api_key)
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
 
     # -- requests -------------------------------------------------------------------------
 

@@ -53,9 +53,7 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     # the tokens per second); the float32 weights are dropped once it is made.
     dtype = compute_dtype("auto", "cpu")
     engine = TorchEngine(lm, tokenizer, dtype=None if dtype == torch.float32 else dtype)
-    return ServedModel(
-        name, model, tokenizer, Batcher(engine.decoder()), engine.max_context
-    )
+    return ServedModel(name, model, tokenizer, Batcher(engine.decoder()), engine.max_context)
 
 
 def serve(

@@ -117,9 +117,9 @@ function evalRows(rows) {
 function endpointsTable(endpoints) {
   if (!endpoints.length) return h("p", { class: "empty" }, "No endpoints running.");
   return h("table", { class: "endpoints" },
-    h("tr", {}, ["name", "url", "model", "checkpoint", "started", "auth"].map((c) => h("th", {}, c))),
+    h("tr", {}, ["name", "url", "engine", "model", "checkpoint", "started", "auth"].map((c) => h("th", {}, c))),
     endpoints.map((e) => h("tr", {}, h("td", {}, e.name), h("td", { class: "mono endpoint-url" }, e.url || "–"),
-      h("td", {}, e.model || "–"),
+      h("td", {}, e.engine || "torch"), h("td", {}, e.model || "–"),
       h("td", {}, e.run_id ? [runLink(e.run_id), e.step !== null ? ` step ${e.step}` : ""] : (e.checkpoint || "base model")),
       h("td", {}, fmt.time(e.started_at)), h("td", {}, e.authenticated ? "key" : "none"))));
 }
