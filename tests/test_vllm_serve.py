@@ -194,16 +194,25 @@ def test_palaestra_serve_engine_vllm_is_listed_while_it_runs_and_stops(home, bas
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM")
-def test_the_embedded_model_served_by_vllm_answers_the_openai_client(tmp_path):
-    """One real ``vllm serve`` (minutes on a CPU). PALAESTRA_HOME is the caller's, so the
-    embedded model converts once across runs."""
+def test_a_checkpoint_served_by_vllm_answers_the_openai_client(tmp_path):
+    """One real ``vllm serve`` (minutes on a CPU) of a full-weight checkpoint folder of the
+    embedded model, written as a run's learner writes it. PALAESTRA_HOME is the caller's, so
+    the embedded model converts once across runs."""
     import openai
+    import torch
 
     from palaestra import EvalConfig, LocalDataset, SmolLM2_135M
+    from palaestra.models.loading import load_causal_lm, load_tokenizer
+
+    model = SmolLM2_135M()
+    weights = model.weights_path()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    load_causal_lm(weights, torch.float32).save_pretrained(checkpoint)
+    load_tokenizer(weights, model.chat_template).save_pretrained(checkpoint)
 
     started = time.monotonic()
     endpoint = Endpoint.launch(
-        SmolLM2_135M(), name="vllm-embedded", unauthenticated=False, engine="vllm",
+        model, checkpoint, name="vllm-embedded", unauthenticated=False, engine="vllm",
         recreate_if_existing=True,
     )  # fmt: skip
     pid = endpoint.info["pid"]
