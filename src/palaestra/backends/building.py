@@ -91,15 +91,13 @@ def make_learner(config, start: Start, tokenizer, device: str) -> Learner:
 
 def engine_kind(recipe, device: str) -> str:
     """``"torch"`` or ``"vllm"``: what ``recipe.rollout_engine`` resolves to on ``device``.
-    Auto takes vLLM on a CUDA GPU when it is installed and the policy is trained in full (a LoRA
-    policy's adapters change every step; the torch engine samples them where they are)."""
+    Auto takes vLLM on a CUDA GPU when it is installed; on a CPU, the torch engine (vLLM's CPU
+    build is faster per token but takes minutes to start: ask for it by name)."""
     if recipe.rollout_engine != "auto":
         return recipe.rollout_engine
     from palaestra.rollout.vllm_engine import vllm_available
 
-    if device == "cuda" and not recipe.lora_rank and vllm_available():
-        return "vllm"
-    return "torch"
+    return "vllm" if device == "cuda" and vllm_available() else "torch"
 
 
 def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) -> RolloutEngine:
@@ -119,6 +117,8 @@ def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) 
             seed=recipe.seed,
             # Beside a learner on the same GPU: vLLM takes this share of its memory.
             gpu_memory_utilization=VLLM_GPU_SHARE if recipe.rollout_num_gpus == 1 else 0.9,
+            lora_rank=recipe.lora_rank,
+            lora_alpha=recipe.lora_alpha,
         )
     return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
 

