@@ -3,6 +3,7 @@
 It loads the pickled TrainConfig from the run directory, trains, and records how it ended in
 status.json: completed, failed (with the error) or stopped (SIGTERM). ``kill -USR1 PID`` makes
 it write every thread's Python stack to train.log and carry on: where a run that seems stuck is.
+A crash of the interpreter itself (a segfault in an extension) writes its stacks there too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +29,45 @@ class StopRequested(BaseException):
 
 def _request_stop(signum, frame) -> None:
     raise StopRequested()
+
+
+def _dump_stacks(signum, frame) -> None:
+    """Write every thread's Python stack to stderr (train.log), newest call first, in the
+    format of ``faulthandler``'s dumps.
+
+    A Python-level handler runs in the main thread between bytecodes, so no thread's frames
+    can vanish while they are read. ``faulthandler.register(SIGUSR1)`` reads them from inside
+    the signal, and a thread that exits meanwhile can crash the process (CPython issue
+    116008): a signal meant to look at a run must not be able to end it."""
+    global _dumping
+    if _dumping:  # a second signal during a dump: that dump answers it
+        return
+    _dumping = True
+    try:
+        _write_stacks(frame)
+    finally:
+        _dumping = False
+
+
+_dumping = False
+
+
+def _write_stacks(frame) -> None:
+    main = threading.get_ident()
+    lines = []
+    for ident, top in sys._current_frames().items():
+        if ident == main:
+            top = frame  # the interrupted frame, not this handler's
+        lines.append(
+            f"{'Current thread' if ident == main else 'Thread'} 0x{ident:016x} "
+            "(most recent call first):"
+        )
+        while top is not None:
+            code = top.f_code
+            lines.append(f'  File "{code.co_filename}", line {top.f_lineno} in {code.co_name}')
+            top = top.f_back
+        lines.append("")
+    os.write(2, "\n".join(lines).encode(errors="replace"))
 
 
 def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
@@ -74,9 +115,16 @@ def backend_of(config):
     return build_local
 
 
-def main(argv: list[str]) -> None:
+def install_signal_handlers() -> None:
+    """SIGTERM stops the run, SIGUSR1 dumps every thread's stack, and a fatal signal (a crash
+    in native code) leaves the stacks in stderr before the process dies."""
     signal.signal(signal.SIGTERM, _request_stop)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stderr is train.log
+    signal.signal(signal.SIGUSR1, _dump_stacks)
+    faulthandler.enable()
+
+
+def main(argv: list[str]) -> None:
+    install_signal_handlers()
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # per-tensor loading bars would bury the step lines in train.log
