@@ -172,6 +172,9 @@ class Learner:
             self.model.parameters(), recipe.max_grad_norm or float("inf")
         )
         self.optimizer.step()
+        # The gradients are spent: freed now, they do not sit beside the next rollout's
+        # engine (a float32 copy of every weight) until the next update.
+        self.optimizer.zero_grad(set_to_none=True)
         metrics = {
             "loss": sums["loss"],
             "grad_norm": float(grad_norm),

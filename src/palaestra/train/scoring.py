@@ -11,6 +11,8 @@ that changes no number:
   mask is needed.
 - The lm head runs only at scored positions, a chunk at a time (``algo.logprobs``).
 - Matmuls run in bfloat16 under autocast when the recipe's precision resolves to it.
+- SwiGLU MLPs and RMSNorms keep only what their backward cannot cheaply recompute
+  (``models.lean_layers``): a third fewer saved activations, the same gradients.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.models.kv_cache import cache_argument, has_plain_attention
+from palaestra.models.lean_layers import lean_layers
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
 from palaestra.train.batch import TrainBatch, micro_batch_rows, prefix_groups, take_rows
@@ -61,7 +64,7 @@ def score_tokens(
         return zeros_B_T, zeros_B_T.detach()
 
     hidden, rows_N, cols_N = [], [], []
-    with autocast(device, dtype):
+    with autocast(device, dtype), lean_layers(model):
         # One embedding lookup for the micro-batch, so its backward (a dense, vocabulary-sized
         # gradient) runs once, however many passes read slices of it.
         embeds_B_T_D = model.get_input_embeddings()(input_ids_B_T)

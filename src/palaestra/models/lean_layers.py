@@ -1,0 +1,171 @@
+"""Training passes that keep fewer activations: the SwiGLU MLP and RMSNorm of Llama-family
+models, each as one autograd function that saves only what its backward cannot cheaply redo.
+
+Autograd keeps every tensor an op needs for its backward. Through a stock SwiGLU MLP,
+``down(silu(x Wg^T) * (x Wu^T))``, that is four intermediate-wide tensors per token: the gate
+``g``, the up projection ``u``, ``silu(g)``, and their product (the down projection's input).
+The last two are one elementwise op away from the first two, so ``swiglu`` keeps ``x``, ``g``
+and ``u`` and recomputes ``silu(g) * u`` in the backward: half the MLP's saved activations
+(the largest share of a step's activation memory) for a few elementwise passes, no matmul.
+An RMSNorm, ``w * (x / rms(x))``, keeps its input and its normalised output; ``rms_norm``
+keeps the input and one reciprocal rms per token.
+
+The gradients are the stock modules' (the backward formulas are written out below); under
+autocast the matmuls run in its dtype as ``nn.Linear`` would, and the weights are cast to it
+in the backward again rather than kept cast.
+
+``lean_layers(model)`` routes the matching modules' forward through these functions inside
+its block; modules of other shapes (LoRA-wrapped projections, other activations, other norms)
+keep theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+"""MLPs computing ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+"""Norms computing ``weight * (x / sqrt(mean(x^2) + variance_epsilon))`` in float32, cast back
+to the input's dtype before the weight multiplies it."""
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(dtype)
+
+
+def _weight_grad(grad_out_N_O: torch.Tensor, in_N_I: torch.Tensor, like: torch.Tensor):
+    """d loss / d W of ``out = in W^T`` over N flattened tokens, in ``like``'s dtype."""
+    return (grad_out_N_O.T @ in_N_I).to(like.dtype)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_gate, b_gate, w_up, b_up, w_down, b_down, dtype):
+        xc = x.to(dtype)
+        g = F.linear(xc, w_gate.to(dtype), _cast(b_gate, dtype))
+        u = F.linear(xc, w_up.to(dtype), _cast(b_up, dtype))
+        out = F.linear(F.silu(g) * u, w_down.to(dtype), _cast(b_down, dtype))
+        ctx.save_for_backward(xc, g, u, w_gate, b_gate, w_up, b_up, w_down, b_down)
+        ctx.x_dtype = x.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xc, g, u, w_gate, b_gate, w_up, b_up, w_down, b_down = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dtype = g.dtype
+        a = F.silu(g)
+        dy = grad_out.to(dtype).reshape(-1, grad_out.shape[-1])
+        grads: list[torch.Tensor | None] = [None] * 8
+        if need[5]:
+            grads[5] = _weight_grad(dy, (a * u).reshape(dy.shape[0], -1), w_down)
+        if need[6]:
+            grads[6] = dy.sum(0).to(b_down.dtype)
+        dp = dy @ w_down.to(dtype)  # d loss / d (silu(g) * u)
+        du = dp * a.reshape(dp.shape)
+        dg = torch.ops.aten.silu_backward(dp * u.reshape(dp.shape), g.reshape(dp.shape))
+        x2 = xc.reshape(dy.shape[0], -1)
+        if need[1]:
+            grads[1] = _weight_grad(dg, x2, w_gate)
+        if need[2]:
+            grads[2] = dg.sum(0).to(b_gate.dtype)
+        if need[3]:
+            grads[3] = _weight_grad(du, x2, w_up)
+        if need[4]:
+            grads[4] = du.sum(0).to(b_up.dtype)
+        if need[0]:
+            dx = dg @ w_gate.to(dtype) + du @ w_up.to(dtype)
+            grads[0] = dx.reshape(xc.shape).to(ctx.x_dtype)
+        return tuple(grads)
+
+
+def swiglu(x, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear):
+    """``down(silu(gate(x)) * up(x))``, keeping ``x``, the gate and the up projection for the
+    backward only."""
+    return _SwiGLU.apply(
+        x,
+        gate.weight,
+        gate.bias,
+        up.weight,
+        up.bias,
+        down.weight,
+        down.bias,
+        _compute_dtype(x),
+    )
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return weight * (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, rstd, weight = ctx.saved_tensors
+        xhat = x.float() * rstd
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            products = grad_out * xhat.to(x.dtype)
+            grad_weight = products.reshape(-1, products.shape[-1]).sum(0).to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            # y = x * r, r = (mean(x^2) + eps)^-1/2:  dx = r * (dy - y * mean(dy * y))
+            dxhat = (grad_out * weight).to(x.dtype).float()
+            grad_x = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+            grad_x = grad_x.to(x.dtype)
+        return grad_x, grad_weight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / sqrt(mean(x^2) + eps))`` (float32 inside), keeping ``x`` and one
+    reciprocal rms per token for the backward."""
+    return _RMSNorm.apply(x, weight, eps)
+
+
+def _lean_mlp(module: torch.nn.Module):
+    if type(module).__name__ not in MLP_CLASSES:
+        return None
+    projections = (module.gate_proj, module.up_proj, module.down_proj)
+    if any(type(p) is not torch.nn.Linear for p in projections):
+        return None  # LoRA-wrapped or otherwise replaced projections keep the stock forward
+    if not isinstance(module.act_fn, torch.nn.SiLU) and type(module.act_fn).__name__ not in (
+        "SiLUActivation",
+        "SiLU",
+    ):
+        return None
+    return lambda x: swiglu(x, module.gate_proj, module.up_proj, module.down_proj)
+
+
+def _lean_norm(module: torch.nn.Module):
+    if type(module).__name__ not in RMS_NORM_CLASSES:
+        return None
+    return lambda x: rms_norm(x, module.weight, module.variance_epsilon)
+
+
+@contextlib.contextmanager
+def lean_layers(model: torch.nn.Module):
+    """Inside the block, ``model``'s SwiGLU MLPs and RMSNorms run as ``swiglu`` and
+    ``rms_norm``; after it, every module has its own forward again."""
+    patched = []
+    for module in model.modules():
+        forward = _lean_mlp(module) or _lean_norm(module)
+        if forward is not None and "forward" not in vars(module):
+            module.forward = forward
+            patched.append(module)
+    try:
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.forward
