@@ -81,9 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="palaestra's Recipe.precision (auto, float32, bfloat16); default: the recipe's",
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument(
-        "--sides", default="palaestra,trl,trl-bf16", help="which frameworks to run"
-    )
+    parser.add_argument("--sides", default="palaestra,trl,trl-bf16", help="which frameworks to run")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     parser.add_argument(
         "--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "palaestra-bench"
