@@ -180,3 +180,46 @@ def test_swiglu_keeps_only_its_input_gate_and_up():
         swiglu(x, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
     assert saved_bytes(run) == 4 * 5 * (16 + 2 * 48)
+
+
+def test_gqa_attention_with_a_mask_gives_the_stock_bits_and_keeps_unrepeated_keys():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from palaestra.models.lean_layers import gqa_attention
+
+    class Layer(torch.nn.Module):  # what transformers' attention functions read of a layer
+        num_key_value_groups = 3
+        is_causal = True
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 6, 5, 8, generator=generator, requires_grad=True)
+    key = torch.randn(2, 2, 9, 8, generator=generator, requires_grad=True)
+    value = torch.randn(2, 2, 9, 8, generator=generator, requires_grad=True)
+    # 5 new tokens after a 4-token prefix: each sees the prefix and itself and what precedes it.
+    mask = torch.ones(5, 9, dtype=torch.bool).tril(4)[None, None].expand(2, 1, 5, 9)
+    kept = {}
+
+    def attend(function, name):
+        def run(seen):
+            seen.update({query.untyped_storage().data_ptr()})
+            kept[name] = function(Layer(), query, key, value, mask, scaling=8**-0.5)[0]
+
+        return saved_bytes(run)
+
+    stock_bytes = attend(sdpa_attention_forward, "stock")
+    lean_bytes = attend(gqa_attention, "lean")
+    assert torch.equal(kept["lean"], kept["stock"])
+    # The stock path keeps keys and values repeated for all 6 query heads (2 x 2 x 6 x 9 x 8
+    # floats each); the lean one keeps them with their own 2 heads.
+    assert stock_bytes - lean_bytes == 4 * 2 * (2 * 6 * 9 * 8 - 2 * 2 * 9 * 8)
+
+
+def test_the_attention_implementation_is_the_models_own_again_after_the_block():
+    model = build_tiny_model(build_tokenizer())
+    model.config._attn_implementation = "sdpa"
+    with lean_layers(model):
+        assert model.config._attn_implementation == "palaestra_lean_sdpa"
+    assert model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "eager"
+    with lean_layers(model):
+        assert model.config._attn_implementation == "eager"  # only SDPA is swapped

@@ -8,15 +8,18 @@ The last two are one elementwise op away from the first two, so ``swiglu`` keeps
 and ``u`` and recomputes ``silu(g) * u`` in the backward: half the MLP's saved activations
 (the largest share of a step's activation memory) for a few elementwise passes, no matmul.
 An RMSNorm, ``w * (x / rms(x))``, keeps its input and its normalised output; ``rms_norm``
-keeps the input and one reciprocal rms per token.
+keeps the input and one reciprocal rms per token. And where attention has fewer key/value heads
+than query heads and a mask (a group's answers read their shared prompt's keys), transformers
+repeats the keys and values for every query head, and the attention keeps the repeated copies;
+on a CPU, ``gqa_attention`` reads the key/value heads as they are (the same bits).
 
 The gradients are the stock modules' (the backward formulas are written out below); under
 autocast the matmuls run in its dtype as ``nn.Linear`` would, and the weights are cast to it
 in the backward again rather than kept cast.
 
 ``lean_layers(model)`` routes the matching modules' forward through these functions inside
-its block; modules of other shapes (LoRA-wrapped projections, other activations, other norms)
-keep theirs.
+its block, and an SDPA model's attention through ``gqa_attention``; modules of other shapes
+(LoRA-wrapped projections, other activations, other norms) keep theirs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
 """MLPs computing ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
@@ -134,6 +140,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _RMSNorm.apply(x, weight, eps)
 
 
+LEAN_ATTENTION = "palaestra_lean_sdpa"
+
+
+def gqa_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, except that a masked pass on a CPU reads ``key`` and
+    ``value`` with their own (fewer) heads through SDPA's ``enable_gqa`` instead of repeated
+    for every query head. transformers repeats them whenever there is a mask, since on CUDA a
+    mask with ``enable_gqa`` falls back to the math kernel; on a CPU the result has the same
+    bits, and autograd keeps the unrepeated tensors."""
+    grouped = query.shape[1] != key.shape[1]
+    plain = kwargs.get("softcap") is None and kwargs.get("position_bias") is None
+    if attention_mask is None or not grouped or not plain or query.device.type != "cpu":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=kwargs.get("dropout", 0.0),
+        scale=kwargs.get("scaling"),
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(LEAN_ATTENTION, gqa_attention)
+AttentionMaskInterface.register(LEAN_ATTENTION, sdpa_mask)  # its masks are SDPA's
+
+
 def _lean_mlp(module: torch.nn.Module):
     if type(module).__name__ not in MLP_CLASSES:
         return None
@@ -157,15 +192,22 @@ def _lean_norm(module: torch.nn.Module):
 @contextlib.contextmanager
 def lean_layers(model: torch.nn.Module):
     """Inside the block, ``model``'s SwiGLU MLPs and RMSNorms run as ``swiglu`` and
-    ``rms_norm``; after it, every module has its own forward again."""
+    ``rms_norm``, and SDPA attention as ``gqa_attention``; after it, every module has its own
+    forward again."""
     patched = []
     for module in model.modules():
         forward = _lean_mlp(module) or _lean_norm(module)
         if forward is not None and "forward" not in vars(module):
             module.forward = forward
             patched.append(module)
+    config = getattr(model, "config", None)  # a bare module (a lone MLP) has none to switch
+    attention = getattr(config, "_attn_implementation", None)
+    if attention == "sdpa":
+        config._attn_implementation = LEAN_ATTENTION
     try:
         yield len(patched)
     finally:
+        if attention == "sdpa":
+            config._attn_implementation = attention
         for module in patched:
             del module.forward
