@@ -17,7 +17,9 @@ norm forwards) and precision, it reports:
   excluded), in MiB;
 - on CUDA, the update's peak allocated memory (``torch.cuda.max_memory_allocated``) above what
   was allocated before it (weights, gradients' and optimiser's state included);
-- the update's seconds, median of ``--rounds`` (modes alternate round by round).
+- the update's seconds, median of ``--rounds`` (modes alternate round by round);
+- on a CPU, the float32 matmul peak (``flops.matmul_peak_gflops``) before and after, since
+  timings mean little without the machine's speed at the time.
 
 On a CPU the process's peak resident memory is not reported per mode: it only ever rises, and
 glibc's heap keeps freed memory, so one process cannot compare two modes by it.
@@ -119,6 +121,11 @@ def main() -> None:
     lean_layers = scoring.lean_layers
     modes = {"lean": lean_layers, "stock": lambda model: contextlib.nullcontext(0)}
     cuda = args.device.startswith("cuda")
+    peaks = []
+    if not cuda:
+        from flops import matmul_peak_gflops
+
+        peaks.append(matmul_peak_gflops(torch.float32))
     model = embedded_shape_model(args.device)
     batch = synthetic_batch(args)
     rows = []
@@ -165,7 +172,11 @@ def main() -> None:
         del learner
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
+    if not cuda:
+        peaks.append(matmul_peak_gflops(torch.float32))
     print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    if peaks:
+        print(f"float32 matmul peak GFLOP/s (before / after): {peaks[0]:.0f} / {peaks[1]:.0f}")
     print(
         "| precision | mode | activations kept (MiB) | update peak above start (MiB) | update s |"
     )
@@ -175,7 +186,13 @@ def main() -> None:
             f"| {row['precision']} | {row['mode']} | {row['saved_mib']} | "
             f"{row['peak_above_mib']} | {row['update_s']} |"
         )
-    report = {"device": name, "torch": torch.__version__, "args": vars(args), "rows": rows}
+    report = {
+        "device": name,
+        "torch": torch.__version__,
+        "float32_matmul_gflops": peaks,
+        "args": vars(args),
+        "rows": rows,
+    }
     print(json.dumps(report))
     if args.json:
         with open(args.json, "w") as handle:
