@@ -223,3 +223,50 @@ def test_the_attention_implementation_is_the_models_own_again_after_the_block():
     model.config._attn_implementation = "eager"
     with lean_layers(model):
         assert model.config._attn_implementation == "eager"  # only SDPA is swapped
+
+
+def test_gradients_in_place_equal_autograds_over_weights_used_twice_in_each_of_two_passes():
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, intermediate_size=64)
+    ids = torch.randint(0, len(tokenizer), (4, 9), generator=torch.Generator().manual_seed(0))
+
+    def grads(in_place: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        # Two micro-batches, each reading every weight twice (as a group's prompt pass and
+        # answers pass do): the second adds to the .grad the first left.
+        for rows in ([0, 1], [2, 3]):
+            with lean_layers(model, grads_in_place=in_place):
+                loss = model(input_ids=ids[rows], labels=ids[rows]).loss
+                loss = loss + 0.5 * model(input_ids=ids[rows, 2:], labels=ids[rows, 2:]).loss
+            loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    stock, in_place = grads(in_place=False), grads(in_place=True)
+    assert in_place.keys() == stock.keys()
+    for name, grad in stock.items():
+        torch.testing.assert_close(in_place[name], grad, rtol=0, atol=1e-5, msg=name)
+    with lean_layers(model, grads_in_place=True) as patched:
+        projections = {
+            name.rsplit(".", 1)[-1] for name, m in model.named_modules() if "forward" in vars(m)
+        }
+    # Per layer: the MLP, two norms and the four attention projections; and the final norm.
+    assert patched == 7 * model.config.num_hidden_layers + 1
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "mlp"} <= projections
+    assert not any("forward" in vars(module) for module in model.modules())
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_weight_used_twice_has_its_gradient_before_its_last_use_is_differentiated(in_place):
+    # What in place is for: autograd holds a weight's gradient until every use has sent its
+    # share, a second gradient-sized tensor through the backward; in place, the first share
+    # differentiated is in .grad already.
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=4))
+    first, second = torch.randn(3, 16, requires_grad=True), torch.randn(3, 16, requires_grad=True)
+    seen = []
+    second.register_hook(lambda grad: seen.append(mlp.down_proj.weight.grad is not None))
+    with lean_layers(mlp, grads_in_place=in_place):
+        out = mlp(first).sum() + mlp(second).sum()
+    out.backward()  # the second use is differentiated first
+    assert seen == [in_place]
+    assert mlp.down_proj.weight.grad is not None

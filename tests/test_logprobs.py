@@ -66,6 +66,35 @@ def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(monkeypatch
         assert torch.allclose(fast, ref, atol=1e-5)
 
 
+def test_the_heads_gradient_added_in_place_equals_autograds_and_adds_to_what_is_there(
+    monkeypatch,
+):
+    import palaestra.algo.logprobs as head
+
+    monkeypatch.setattr(head, "TOKEN_CHUNK", 3)
+    monkeypatch.setattr(head, "VOCAB_CHUNK", 4)
+    torch.manual_seed(0)
+    hidden_N_D = torch.randn(7, 5, requires_grad=True)
+    weight_V_D = torch.randn(11, 5, requires_grad=True)
+    targets_N = torch.tensor([0, 3, 10, 4, 4, 9, 1])
+    upstream_N = torch.randn(7)
+
+    def backward(in_place: bool) -> None:
+        logprobs_N, entropy_N = chunked_token_logprobs(
+            hidden_N_D, weight_V_D, targets_N, 0.7, weight_grad_in_place=in_place
+        )
+        ((logprobs_N * upstream_N).sum() + 0.3 * entropy_N.sum()).backward()
+
+    backward(in_place=False)
+    expected_weight, expected_hidden = weight_V_D.grad.clone(), hidden_N_D.grad.clone()
+    weight_V_D.grad = hidden_N_D.grad = None
+    backward(in_place=True)  # makes .grad
+    torch.testing.assert_close(weight_V_D.grad, expected_weight, rtol=0, atol=1e-6)
+    torch.testing.assert_close(hidden_N_D.grad, expected_hidden, rtol=0, atol=1e-6)
+    backward(in_place=True)  # adds to it, as autograd accumulates
+    torch.testing.assert_close(weight_V_D.grad, 2 * expected_weight, rtol=0, atol=1e-6)
+
+
 def test_chunked_logprobs_of_no_tokens_are_empty_with_zero_gradients():
     weight_V_D = torch.ones(6, 4, requires_grad=True)
     logprobs_N, entropy_N = chunked_token_logprobs(

@@ -35,6 +35,7 @@ def chunked_token_logprobs(
     targets_N: torch.Tensor,
     temperature: float = 1.0,
     head_bias_V: torch.Tensor | None = None,
+    weight_grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logprobs_N`` of ``targets_N`` and ``entropy_N`` of each token's distribution, under
     ``softmax((hidden @ head_weight^T + head_bias) / temperature)``, both float32.
@@ -42,12 +43,22 @@ def chunked_token_logprobs(
     Equal (up to float rounding) to :func:`palaestra.algo.losses.token_logprobs` and
     :func:`~palaestra.algo.losses.token_entropy` on the full logits, gradients included. The
     matmuls run in the autocast dtype when autocast is on, the softmax in float32.
+
+    With ``weight_grad_in_place`` the backward adds the head weight's gradient to its
+    ``.grad`` itself rather than handing it to autograd, which would hold it (vocabulary x
+    hidden floats) until a tied input embedding's backward, the last of the pass.
     """
     device = hidden_N_D.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     with torch.autocast(device, enabled=False):
         return _HeadLogprobs.apply(
-            hidden_N_D, head_weight_V_D, head_bias_V, targets_N, temperature, dtype
+            hidden_N_D,
+            head_weight_V_D,
+            head_bias_V,
+            targets_N,
+            temperature,
+            dtype,
+            weight_grad_in_place,
         )
 
 
@@ -71,7 +82,7 @@ def _slice_params(weight_V_D, bias_V, vocab: slice, dtype):
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature, dtype):
+    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature, dtype, in_place):
         dtype = dtype or weight_V_D.dtype
         N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
         log_z_N = hidden_N_D.new_empty(N, dtype=torch.float32)
@@ -98,7 +109,7 @@ class _HeadLogprobs(torch.autograd.Function):
             log_z_N[tokens] = m_C + s_C.log()
             expected_N[tokens] = t_C / s_C
         ctx.save_for_backward(hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N)
-        ctx.temperature, ctx.dtype = temperature, dtype
+        ctx.temperature, ctx.dtype, ctx.in_place = temperature, dtype, in_place
         return picked_N - log_z_N, log_z_N - expected_N
 
     @staticmethod
@@ -112,7 +123,14 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_hidden_N_D = torch.zeros_like(hidden_N_D, dtype=torch.float32)
         # Every slice of the weight's gradient is written whole by the first token chunk.
         new = torch.empty_like if N else torch.zeros_like
-        grad_weight_V_D = new(weight_V_D, dtype=torch.float32) if want_weight else None
+        grad_weight_V_D, fresh = None, True
+        if want_weight and ctx.in_place:
+            fresh = weight_V_D.grad is None
+            if fresh:
+                weight_V_D.grad = new(weight_V_D)
+            grad_weight_V_D = weight_V_D.grad
+        elif want_weight:
+            grad_weight_V_D = new(weight_V_D, dtype=torch.float32)
         grad_bias_V = new(bias_V, dtype=torch.float32) if want_bias else None
         for first, tokens in enumerate(_slices(N, TOKEN_CHUNK)):
             hidden_C_D, targets_C = hidden_N_D[tokens].to(dtype), targets_N[tokens]
@@ -139,7 +157,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_hidden_N_D[tokens] += grad_logits_C_v @ weight_v_D
                 if want_weight:
                     grad_v_D = (grad_logits_C_v.T @ hidden_C_D).float()
-                    if first == 0:
+                    if first == 0 and fresh:
                         grad_weight_V_D[vocab] = grad_v_D
                     else:
                         grad_weight_V_D[vocab] += grad_v_D
@@ -151,8 +169,11 @@ class _HeadLogprobs(torch.autograd.Function):
                         grad_bias_V[vocab] += grad_b_v
         return (
             grad_hidden_N_D.to(hidden_N_D.dtype) if want_hidden else None,
-            None if grad_weight_V_D is None else grad_weight_V_D.to(weight_V_D.dtype),
+            None
+            if grad_weight_V_D is None or ctx.in_place
+            else grad_weight_V_D.to(weight_V_D.dtype),
             None if grad_bias_V is None else grad_bias_V.to(bias_V.dtype),
+            None,
             None,
             None,
             None,

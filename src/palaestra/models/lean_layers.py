@@ -17,6 +17,16 @@ The gradients are the stock modules' (the backward formulas are written out belo
 autocast the matmuls run in its dtype as ``nn.Linear`` would, and the weights are cast to it
 in the backward again rather than kept cast.
 
+With ``grads_in_place`` (the learner's passes), the weight gradients of these MLPs and of the
+attention's projections are added to the weights' ``.grad`` by the backward that computes them
+(``addmm_``), instead of being handed to autograd. Autograd holds a weight's gradient back
+until every use of the weight in the graph has sent its share, and a learner's micro-batch uses
+each weight several times (a prompt pass and an answers pass per group): from the second
+micro-batch on, a whole second set of weight gradients sat in autograd's buffers through most
+of the backward (513 MiB for SmolLM2-135M in float32). ``loss.backward()`` then leaves the same
+``.grad`` as before; ``torch.autograd.grad`` would not see these weights' gradients, which is
+why it is the caller's choice.
+
 ``lean_layers(model)`` routes the matching modules' forward through these functions inside
 its block, and an SDPA model's attention through ``gqa_attention``; modules of other shapes
 (LoRA-wrapped projections, other activations, other norms) keep theirs.
@@ -25,6 +35,7 @@ its block, and an SDPA model's attention through ``gqa_attention``; modules of o
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +45,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
 """MLPs computing ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
+ATTENTION_CLASSES = frozenset(
+    {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
+)
+"""Attention modules whose q/k/v/o projections are plain ``nn.Linear`` children."""
 RMS_NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 """Norms computing ``weight * (x / sqrt(mean(x^2) + variance_epsilon))`` in float32, cast back
 to the input's dtype before the weight multiplies it."""
@@ -53,15 +68,34 @@ def _weight_grad(grad_out_N_O: torch.Tensor, in_N_I: torch.Tensor, like: torch.T
     return (grad_out_N_O.T @ in_N_I).to(like.dtype)
 
 
+def _add_weight_grad(weight: torch.Tensor, grad_out_N_O: torch.Tensor, in_N_I: torch.Tensor):
+    """``weight.grad += grad_out^T in`` (d loss / d W of ``out = in W^T``), in place; the first
+    share makes ``weight.grad``."""
+    if weight.grad is None:
+        weight.grad = _weight_grad(grad_out_N_O, in_N_I, weight)
+    elif grad_out_N_O.dtype == weight.grad.dtype:
+        weight.grad.addmm_(grad_out_N_O.T, in_N_I)
+    else:  # autocast: the product in its dtype, the sum in the weight's
+        weight.grad.add_(grad_out_N_O.T @ in_N_I)
+
+
+def _weight_share(weight, grad_out_N_O, in_N_I, in_place: bool):
+    """This use's gradient of ``weight`` for autograd, or None once added to ``.grad``."""
+    if not in_place:
+        return _weight_grad(grad_out_N_O, in_N_I, weight)
+    _add_weight_grad(weight, grad_out_N_O, in_N_I)
+    return None
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_gate, b_gate, w_up, b_up, w_down, b_down, dtype):
+    def forward(ctx, x, w_gate, b_gate, w_up, b_up, w_down, b_down, dtype, in_place):
         xc = x.to(dtype)
         g = F.linear(xc, w_gate.to(dtype), _cast(b_gate, dtype))
         u = F.linear(xc, w_up.to(dtype), _cast(b_up, dtype))
         out = F.linear(F.silu(g) * u, w_down.to(dtype), _cast(b_down, dtype))
         ctx.save_for_backward(xc, g, u, w_gate, b_gate, w_up, b_up, w_down, b_down)
-        ctx.x_dtype = x.dtype
+        ctx.x_dtype, ctx.in_place = x.dtype, in_place
         return out
 
     @staticmethod
@@ -71,9 +105,9 @@ class _SwiGLU(torch.autograd.Function):
         dtype = g.dtype
         a = F.silu(g)
         dy = grad_out.to(dtype).reshape(-1, grad_out.shape[-1])
-        grads: list[torch.Tensor | None] = [None] * 8
+        grads: list[torch.Tensor | None] = [None] * 9
         if need[5]:
-            grads[5] = _weight_grad(dy, (a * u).reshape(dy.shape[0], -1), w_down)
+            grads[5] = _weight_share(w_down, dy, (a * u).reshape(dy.shape[0], -1), ctx.in_place)
         if need[6]:
             grads[6] = dy.sum(0).to(b_down.dtype)
         dp = dy @ w_down.to(dtype)  # d loss / d (silu(g) * u)
@@ -81,11 +115,11 @@ class _SwiGLU(torch.autograd.Function):
         dg = torch.ops.aten.silu_backward(dp * u.reshape(dp.shape), g.reshape(dp.shape))
         x2 = xc.reshape(dy.shape[0], -1)
         if need[1]:
-            grads[1] = _weight_grad(dg, x2, w_gate)
+            grads[1] = _weight_share(w_gate, dg, x2, ctx.in_place)
         if need[2]:
             grads[2] = dg.sum(0).to(b_gate.dtype)
         if need[3]:
-            grads[3] = _weight_grad(du, x2, w_up)
+            grads[3] = _weight_share(w_up, du, x2, ctx.in_place)
         if need[4]:
             grads[4] = du.sum(0).to(b_up.dtype)
         if need[0]:
@@ -94,9 +128,16 @@ class _SwiGLU(torch.autograd.Function):
         return tuple(grads)
 
 
-def swiglu(x, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear):
+def swiglu(
+    x,
+    gate: torch.nn.Linear,
+    up: torch.nn.Linear,
+    down: torch.nn.Linear,
+    grads_in_place: bool = False,
+):
     """``down(silu(gate(x)) * up(x))``, keeping ``x``, the gate and the up projection for the
-    backward only."""
+    backward only; with ``grads_in_place``, the backward adds the weights' gradients to their
+    ``.grad`` itself."""
     return _SwiGLU.apply(
         x,
         gate.weight,
@@ -106,7 +147,37 @@ def swiglu(x, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear)
         down.weight,
         down.bias,
         _compute_dtype(x),
+        grads_in_place,
     )
+
+
+class _Linear(torch.autograd.Function):
+    """``nn.Linear``'s product whose backward adds the weight's gradient to ``.grad``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        xc = x.to(dtype)
+        ctx.save_for_backward(xc, weight)
+        ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+        return F.linear(xc, weight.to(dtype), _cast(bias, dtype))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xc, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dy = grad_out.to(xc.dtype).reshape(-1, grad_out.shape[-1])
+        if need[1]:
+            _add_weight_grad(weight, dy, xc.reshape(dy.shape[0], -1))
+        grad_bias = dy.sum(0).to(ctx.bias_dtype) if need[2] else None
+        grad_x = None
+        if need[0]:
+            grad_x = (dy @ weight.to(dy.dtype)).reshape(xc.shape).to(ctx.x_dtype)
+        return grad_x, None, grad_bias, None
+
+
+def linear_grads_in_place(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """``layer(x)``, with the weight's gradient added to its ``.grad`` by the backward."""
+    return _Linear.apply(x, layer.weight, layer.bias, _compute_dtype(x))
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -169,7 +240,7 @@ AttentionInterface.register(LEAN_ATTENTION, gqa_attention)
 AttentionMaskInterface.register(LEAN_ATTENTION, sdpa_mask)  # its masks are SDPA's
 
 
-def _lean_mlp(module: torch.nn.Module):
+def _lean_mlp(module: torch.nn.Module, grads_in_place: bool):
     if type(module).__name__ not in MLP_CLASSES:
         return None
     projections = (module.gate_proj, module.up_proj, module.down_proj)
@@ -180,7 +251,19 @@ def _lean_mlp(module: torch.nn.Module):
         "SiLU",
     ):
         return None
-    return lambda x: swiglu(x, module.gate_proj, module.up_proj, module.down_proj)
+    return lambda x: swiglu(x, module.gate_proj, module.up_proj, module.down_proj, grads_in_place)
+
+
+def _projections(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The trained plain ``nn.Linear`` projections of an attention module of ATTENTION_CLASSES
+    (LoRA-wrapped ones are not plain, and keep their forward)."""
+    if type(module).__name__ not in ATTENTION_CLASSES:
+        return []
+    return [
+        child
+        for child in module.children()
+        if type(child) is torch.nn.Linear and child.weight.requires_grad
+    ]
 
 
 def _lean_norm(module: torch.nn.Module):
@@ -190,16 +273,22 @@ def _lean_norm(module: torch.nn.Module):
 
 
 @contextlib.contextmanager
-def lean_layers(model: torch.nn.Module):
+def lean_layers(model: torch.nn.Module, grads_in_place: bool = False):
     """Inside the block, ``model``'s SwiGLU MLPs and RMSNorms run as ``swiglu`` and
-    ``rms_norm``, and SDPA attention as ``gqa_attention``; after it, every module has its own
-    forward again."""
+    ``rms_norm``, and SDPA attention as ``gqa_attention``; with ``grads_in_place``, the MLPs'
+    and the attention projections' weight gradients go straight to ``.grad`` in the backward
+    (for ``loss.backward()``; not for ``torch.autograd.grad``). After the block, every module
+    has its own forward again. Yields how many modules it patched."""
     patched = []
     for module in model.modules():
-        forward = _lean_mlp(module) or _lean_norm(module)
+        forward = _lean_mlp(module, grads_in_place) or _lean_norm(module)
         if forward is not None and "forward" not in vars(module):
             module.forward = forward
             patched.append(module)
+        for layer in _projections(module) if grads_in_place else ():
+            if "forward" not in vars(layer):
+                layer.forward = functools.partial(linear_grads_in_place, layer=layer)
+                patched.append(layer)
     config = getattr(model, "config", None)  # a bare module (a lone MLP) has none to switch
     attention = getattr(config, "_attn_implementation", None)
     if attention == "sdpa":

@@ -12,7 +12,10 @@ that changes no number:
 - The lm head runs only at scored positions, a chunk at a time (``algo.logprobs``).
 - Matmuls run in bfloat16 under autocast when the recipe's precision resolves to it.
 - SwiGLU MLPs and RMSNorms keep only what their backward cannot cheaply recompute
-  (``models.lean_layers``): a third fewer saved activations, the same gradients.
+  (``models.lean_layers``): a third fewer saved activations, the same gradients. Their weight
+  gradients and the attention projections' are added to ``.grad`` as the backward computes
+  them, not held by autograd until each weight's last use (a prompt pass and an answers pass
+  per group): ``loss.backward()`` is how these passes are differentiated.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ def score_tokens(
         return zeros_B_T, zeros_B_T.detach()
 
     hidden, rows_N, cols_N = [], [], []
-    with autocast(device, dtype), lean_layers(model):
+    # The weights' gradients go to .grad in the backward itself: the learner calls backward().
+    in_place = torch.is_grad_enabled()
+    with autocast(device, dtype), lean_layers(model, grads_in_place=in_place):
         # One embedding lookup for the micro-batch, so its backward (a dense, vocabulary-sized
         # gradient) runs once, however many passes read slices of it.
         embeds_B_T_D = model.get_input_embeddings()(input_ids_B_T)
@@ -96,6 +101,7 @@ def score_tokens(
             input_ids_B_T[rows_N, cols_N + 1],
             temperature,
             head.bias,
+            weight_grad_in_place=in_place,
         )
     return (
         zeros_B_T.index_put((rows_N, cols_N), logprobs_N),
