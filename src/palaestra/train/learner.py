@@ -35,6 +35,7 @@ from palaestra.checkpoints import OPTIMIZER_FILE
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
 from palaestra.train.batch import TrainBatch, build_train_batch, micro_batches, mini_batches
+from palaestra.train.heap import release_free_memory
 from palaestra.train.scoring import score_logprobs, score_tokens
 from palaestra.types import Sample
 
@@ -162,12 +163,16 @@ class Learner:
         )
         sums: dict[str, float] = defaultdict(float)
         for micro in micros:
+            # What the rollout or the last micro-batch's passes freed goes back to the system
+            # first, so that the resident peak is this pass's, not the sum of every phase's.
+            release_free_memory()
             micro = micro.to(self.device)
             logprobs_B_T, entropy_B_T = score_tokens(
                 self.model, micro, recipe.rollout_temperature, self.dtype
             )
             loss = self._loss(micro, logprobs_B_T, entropy_B_T, scale, sums)
             loss.backward()
+            del logprobs_B_T, entropy_B_T, loss
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), recipe.max_grad_norm or float("inf")
         )
@@ -175,6 +180,7 @@ class Learner:
         # The gradients are spent: freed now, they do not sit beside the next rollout's
         # engine (a float32 copy of every weight) until the next update.
         self.optimizer.zero_grad(set_to_none=True)
+        release_free_memory()
         metrics = {
             "loss": sums["loss"],
             "grad_norm": float(grad_norm),
