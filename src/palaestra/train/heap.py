@@ -3,10 +3,10 @@
 glibc's allocator keeps what a process frees for later allocations, and hands the heap back
 to the system only from its top. A training step frees a lot in the middle of the heap (the
 rollout's caches, the passes' activations, the gradients after the update), so without help
-the process's resident size grows to the sum of its phases' high-water marks rather than
-following what it holds: 4.3 GB against a largest live set near 3.1 GB for a SmolLM2-135M
-step. ``release_free_memory`` asks glibc (``malloc_trim``) to return every free page between
-phases; a page used again later costs one zeroed page fault.
+the process's resident size grows towards the sum of its phases' high-water marks rather
+than following what it holds. ``release_free_memory`` asks glibc (``malloc_trim``) to return
+every free page between phases; a page used again later costs one zeroed page fault (the
+README's GRPO-step figures say what it saved and cost).
 """
 
 from __future__ import annotations
