@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.models.slot_attention import MIN_ROWS, Segment, SlotKV, SlotPlan, bucket
+from palaestra.models.slot_attention import (
+    KEY_BLOCK,
+    MIN_ROWS,
+    Segment,
+    SlotKV,
+    SlotPlan,
+    bucket,
+)
 from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
 
 
@@ -138,22 +145,66 @@ def test_a_server_s_short_request_does_not_wait_for_long_ones(engine, tokenizer)
     assert among_long < max(10 * by_itself, 0.5), (by_itself, among_long)
 
 
-def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_runs(engine):
+def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_decode_rows(engine):
     kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
-    kv.reserve(4, 64)
+    kv.reserve(4, 100)
+    assert kv.capacity == 2 * KEY_BLOCK  # whole blocks
     plan = SlotPlan(kv, [Segment(1, 5, [7]), Segment(0, 5, [8])])
-    # Slots 0 and 1 at one position form one decode group; the scratch slot (4) pads to four.
+    # Slots 0 and 1 decode in one group; the scratch slot (4) pads the pass to four tokens.
     assert plan.input_ids.tolist() == [[8, 7, 0, 0]]
     assert plan.position_ids.tolist() == [[5, 5, 0, 1]]
-    assert plan.groups == [(0, 2, 0, 5, 1), (2, 1, 4, 0, 2)]
+    [group] = plan.decodes
+    assert group.tokens.tolist() == [0, 1] and group.slots.tolist() == [0, 1]
+    assert group.keys == KEY_BLOCK
+    assert group.hidden.shape == (2, 1, 1, KEY_BLOCK)
+    assert group.hidden[:, 0, 0].sum(-1).tolist() == [KEY_BLOCK - 6] * 2  # 6 keys seen
+    assert plan.prompts == [(2, 4, 0, 2)]
     assert len(plan.last_token) == MIN_ROWS
+    # Rows of different lengths share a group while their lengths round to the same blocks.
+    mixed = SlotPlan(kv, [Segment(0, 70, [5]), Segment(1, 3, [6]), Segment(3, 63, [7])], min_rows=1)
+    assert [(g.tokens.tolist(), g.slots.tolist(), g.keys) for g in mixed.decodes] == [
+        ([1, 2], [1, 3], KEY_BLOCK),
+        ([0], [0], 2 * KEY_BLOCK),
+    ]
+    assert (~mixed.decodes[0].hidden[:, 0, 0]).sum(-1).tolist() == [4, 64]
     # Six tokens are padded to the bucket of eight, two scratch tokens after the prompt.
     prompt = SlotPlan(kv, [Segment(2, 0, [1, 2, 3, 4, 5], range(3, 4)), Segment(0, 9, [6])])
     assert prompt.input_ids.tolist() == [[6, 1, 2, 3, 4, 5, 0, 0]]
-    assert prompt.groups == [(0, 1, 0, 9, 1), (1, 1, 2, 0, 5), (6, 1, 4, 0, 2)]
+    assert [g.tokens.tolist() for g in prompt.decodes] == [[0]]
+    assert prompt.prompts == [(1, 2, 0, 5), (6, 4, 0, 2)]
+    assert prompt.copies == [(2, range(3, 4), 5)]
     assert prompt.last_token.tolist() == [0, 5, 7, 7]
     alone = SlotPlan(kv, [Segment(0, 3, [6])], min_rows=1)
     assert alone.input_ids.tolist() == [[6]] and alone.last_token.tolist() == [0]
+
+
+def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
+    """The masked tail of a row's key block changes nothing (finite values there: the cache's
+    new room is zeros, since a NaN value would survive its zero weight)."""
+    from palaestra.models.slot_attention import DecodeGroup, decode_attention
+
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(3, 2, KEY_BLOCK, 8, generator=generator)
+    values = torch.randn(3, 2, KEY_BLOCK, 8, generator=generator)
+    query = torch.randn(4, 6, 8, generator=generator)  # 4 tokens, 6 heads over 2 kv heads
+    lengths = torch.tensor([5, 9])
+    hidden = (torch.arange(KEY_BLOCK) >= lengths[:, None])[:, None, None, :]
+    group = DecodeGroup(torch.tensor([1, 3]), torch.tensor([2, 0]), KEY_BLOCK, hidden)
+    out = decode_attention(query, keys, values, group, 0.5)
+    for row, (token, slot, length) in enumerate([(1, 2, 5), (3, 0, 9)]):
+        q = query[token].reshape(2, 3, 8)
+        k, v = keys[slot, :, :length], values[slot, :, :length]
+        expected = torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1) @ v
+        assert torch.allclose(out[row], expected.reshape(6, 8), atol=1e-6)
+    keys[2, :, 5:], values[2, :, 5:] = torch.nan, 1e30
+    assert torch.equal(out, decode_attention(query, keys, values, group, 0.5))
+    values[2, :, 5:] = torch.nan
+    assert decode_attention(query, keys, values, group, 0.5)[0].isnan().all()
+    kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(2, 10)
+    kv.keys[0].fill_(3.0)
+    kv.reserve(3, 70)
+    assert kv.keys[0][2:].eq(0).all() and kv.values[0][:, :, KEY_BLOCK:].eq(0).all()
 
 
 def test_row_counts_fall_in_few_buckets():

@@ -26,11 +26,15 @@ PACKED_FOR_ROWS = 64
 rows in the product (measured on AVX2 and AVX-512 CPUs)."""
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (``[out, in]``) copied into oneDNN's layout for ``product``."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR_ROWS)
 
 
-def _linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+def product(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``x W^T + bias`` over a weight ``pack`` made, for ``x`` of any leading shape."""
+    if x.dim() == 2:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     rows = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
     return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -43,10 +47,10 @@ def row_invariant(dtype: torch.dtype) -> bool:
         generator = torch.Generator().manual_seed(0)
         weight = torch.randn(96, 80, generator=generator).to(dtype)
         x = torch.randn(68, 80, generator=generator).to(dtype)
-        packed = _pack(weight)
-        alone = _linear(packed, None, x[:1])
+        packed = pack(weight)
+        alone = product(packed, None, x[:1])
         return all(
-            torch.equal(_linear(packed, None, x[:rows])[:1], alone) for rows in (2, 3, 5, 8, 68)
+            torch.equal(product(packed, None, x[:rows])[:1], alone) for rows in (2, 3, 5, 8, 68)
         )
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
@@ -58,9 +62,9 @@ class PackedLinears:
     def __init__(self, model: torch.nn.Module) -> None:
         self.layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
         with torch.no_grad():
-            self.packed = [_pack(layer.weight) for layer in self.layers]
+            self.packed = [pack(layer.weight) for layer in self.layers]
         self.forwards = [
-            functools.partial(_linear, packed, layer.bias)
+            functools.partial(product, packed, layer.bias)
             for layer, packed in zip(self.layers, self.packed, strict=True)
         ]
 
@@ -76,12 +80,15 @@ class PackedLinears:
                 del layer.forward
 
 
+def available(parameter: torch.Tensor) -> bool:
+    """Whether packed products of weights like ``parameter`` run here and are row-invariant
+    (oneDNN present, a CPU tensor, float32 or bfloat16)."""
+    if parameter.device.type != "cpu" or parameter.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return torch.backends.mkldnn.is_available() and row_invariant(parameter.dtype)
+
+
 def packed_linears(model: torch.nn.Module) -> PackedLinears | None:
     """Packed copies of ``model``'s linear weights, or ``None`` where this machine cannot give
-    row-invariant products with them (no oneDNN, a device other than the CPU, another dtype)."""
-    parameter = next(model.parameters())
-    if parameter.device.type != "cpu" or parameter.dtype not in (torch.float32, torch.bfloat16):
-        return None
-    if not torch.backends.mkldnn.is_available() or not row_invariant(parameter.dtype):
-        return None
-    return PackedLinears(model)
+    row-invariant products with them (``available``)."""
+    return PackedLinears(model) if available(next(model.parameters())) else None

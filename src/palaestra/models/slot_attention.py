@@ -7,20 +7,25 @@ A row that finishes frees its slot where it is; a newcomer takes any free slot. 
 copied when the batch changes, which a padded cache (one shared length, rows aligned to it)
 cannot offer. Slots, not pages: the engine's batches are tens of rows of hundreds of tokens on a
 CPU, where a slot's waste (room reserved up to the longest request) is a few hundred MB at
-worst, and whole slots let a group of rows read their keys as one strided view.
+worst, and a row's keys sit in one block its attention reads (or gathers with its group's)
+at once.
 
 A forward pass is a flat batch ``[1, N]`` of *segments*: each is some tokens of one slot,
 written at positions ``start..start+count``. A prompt is one segment of many tokens (its
 prefill); a decoding row is a segment of one token. The model runs with the attention function
 registered here (``SLOT_ATTENTION``) and a ``SlotPlan`` passed as the ``slot_plan`` keyword,
-which transformers hands to every attention layer.
+which transformers hands to every attention layer; a Llama-family model's pass written out
+(``fused_pass``) calls ``attend`` itself.
 
 Every row gets the same arithmetic whatever else is in the pass, so a seeded request draws the
 same tokens alone or in a crowd (the endpoint's scores repeat):
 - a prompt's attention runs for that prompt alone;
-- decode rows of equal length in consecutive slots share one attention call written as two
-  matmuls and a softmax, whose per-row results do not depend on how many rows share it (the
-  fused kernel's do: it splits work by the batch's size);
+- decode rows share attention calls written as two matmuls and a softmax, whose per-row
+  results do not depend on how many rows share them (the fused kernel's do: it splits work by
+  the batch's size). A row reads its slot's keys up to its length rounded up to ``KEY_BLOCK``
+  positions, the ones past its length masked out, so rows whose lengths round alike share a
+  call (one call per block count in the pass) while each row's shapes depend on its own
+  length only;
 - the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
   since a one-row product takes another kernel than a many-row one. That padding costs a lone
   row about 2.5x its time (the one-row kernel is the fastest per row), so the engine asks for
@@ -42,6 +47,10 @@ SLOT_ATTENTION = "palaestra_slots"
 MIN_ROWS = 4
 """Fewest token rows in a pass: from four rows on, a row's matmul result does not depend on
 how many rows share the product (measured on the CPUs this was built on)."""
+
+KEY_BLOCK = 64
+"""A decode row attends over its keys in whole blocks of this many positions (the masked tail
+included), and slots hold a whole number of blocks."""
 
 
 def bucket(rows: int) -> int:
@@ -78,15 +87,18 @@ class SlotKV:
         return self.slots - 1
 
     def reserve(self, slots: int, capacity: int) -> None:
-        """Room for ``slots`` sequences (plus scratch) of ``capacity`` positions, keeping what
-        the existing slots hold. Grows only; growing copies the filled buffers once."""
+        """Room for ``slots`` sequences (plus scratch) of ``capacity`` positions (rounded up to
+        whole ``KEY_BLOCK``s), keeping what the existing slots hold. Grows only; growing copies
+        the filled buffers once. New room holds zeros: a decode row's masked tail reads it, and
+        garbage there (a NaN) would survive a zero attention weight."""
+        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
         slots, capacity = max(slots + 1, self.slots), max(capacity, self.capacity)
         if slots == self.slots and capacity == self.capacity:
             return
         shape = (slots, self.kv_heads, capacity, self.head_dim)
         for store in (self.keys, self.values):
             for layer in range(self.layers):
-                grown = torch.empty(shape, dtype=self.dtype, device=self.device)
+                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if store and self.slots:
                     # The old scratch slot is not copied: its contents are never read.
                     grown[: self.slots - 1, :, : self.capacity] = store[layer][:-1]
@@ -115,6 +127,19 @@ class Segment:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows (one token each) whose lengths round up to the same whole ``KEY_BLOCK``s."""
+
+    tokens: torch.Tensor
+    """Each row's flat token index in the pass."""
+    slots: torch.Tensor
+    keys: int
+    """Key positions each row reads: its length rounded up to whole blocks."""
+    hidden: torch.Tensor
+    """``[rows, 1, 1, keys]``: True past each row's length."""
+
+
+@dataclass
 class SlotPlan:
     """What one forward pass computes, in index tensors the attention layers use."""
 
@@ -128,9 +153,10 @@ class SlotPlan:
     last_token: torch.Tensor = field(init=False)
     """Flat index of each segment's last token, padded to a ``bucket`` of at least
     ``min_rows`` entries."""
-    groups: list[tuple[int, int, int, int, int]] = field(init=False)
-    """(first flat token, rows, first slot, start, tokens per row): a prompt's segment (one
-    row of many tokens), or a run of one-token segments in consecutive slots at one position."""
+    prompts: list[tuple[int, int, int, int]] = field(init=False)
+    """(first flat token, slot, start, tokens) of each segment of several tokens."""
+    decodes: list[DecodeGroup] = field(init=False)
+    """The one-token segments, grouped by key blocks."""
     copies: list[tuple[int, range, int]] = field(init=False)
     """(slot, slots to copy it to, positions): prefills shared by a prompt's other samples."""
 
@@ -143,21 +169,33 @@ class SlotPlan:
         self.segments = segments
         self.copies = [(s.slot, s.copies, s.start + len(s.tokens)) for s in segments if s.copies]
         tokens, positions, slots, last = [], [], [], []
-        groups: list[list[int]] = []
+        self.prompts = []
+        by_blocks: dict[int, list[tuple[int, Segment]]] = {}
         for segment in segments:
             offset, count = len(tokens), len(segment.tokens)
             tokens += segment.tokens
             positions += range(segment.start, segment.start + count)
             slots += [segment.slot] * count
             last.append(offset + count - 1)
-            if count == 1 and groups:
-                _, rows, slot, start, per_row = groups[-1]
-                if per_row == 1 and slot + rows == segment.slot and start == segment.start:
-                    groups[-1][1] += 1
-                    continue
-            groups.append([offset, 1, segment.slot, segment.start, count])
+            if count == 1:
+                blocks = segment.start // KEY_BLOCK + 1
+                by_blocks.setdefault(blocks, []).append((offset, segment))
+            else:
+                self.prompts.append((offset, segment.slot, segment.start, count))
         device = self.kv.device
-        self.groups = [tuple(group) for group in groups]
+        self.decodes = []
+        for blocks, rows in sorted(by_blocks.items()):
+            keys = blocks * KEY_BLOCK
+            lengths = torch.tensor([segment.start + 1 for _, segment in rows], device=device)
+            hidden = torch.arange(keys, device=device) >= lengths[:, None]
+            self.decodes.append(
+                DecodeGroup(
+                    torch.tensor([offset for offset, _ in rows], device=device),
+                    torch.tensor([segment.slot for _, segment in rows], device=device),
+                    keys,
+                    hidden[:, None, None, :],
+                )
+            )
         self.input_ids = torch.tensor([tokens], device=device)
         self.position_ids = torch.tensor([positions], device=device)
         self.slot_index = torch.tensor(slots, device=device)
@@ -170,39 +208,67 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     """The attention interface transformers calls per layer: ``query`` ``[1, heads, N, dim]``,
     ``key``/``value`` ``[1, kv_heads, N, dim]`` for the plan's tokens; returns
     ``[1, N, heads, dim]``."""
-    plan: SlotPlan = kwargs["slot_plan"]
-    layer = module.layer_idx
+    out = attend(
+        kwargs["slot_plan"],
+        module.layer_idx,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        scaling,
+    )
+    return out[None], None
+
+
+def attend(
+    plan: SlotPlan,
+    layer: int,
+    query_N_H_D: torch.Tensor,
+    key_N_K_D: torch.Tensor,
+    value_N_K_D: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """``[N, heads, dim]``: the pass's N tokens attending in ``layer``, after their keys and
+    values are written to their slots (and a shared prefill copied to its other slots)."""
     keys, values = plan.kv.keys[layer], plan.kv.values[layer]
-    keys[plan.slot_index, :, plan.position_index] = key[0].transpose(0, 1)
-    values[plan.slot_index, :, plan.position_index] = value[0].transpose(0, 1)
-    heads, dim = query.shape[1], query.shape[-1]
-    kv_heads = keys.shape[1]
-    out = query.new_empty((1, query.shape[2], heads, dim))
-    for offset, rows, slot, start, count in plan.groups:
-        if count == 1:  # decode: one query per row, each over its own slot
-            end = start + 1
-            q = query[0, :, offset : offset + rows].transpose(0, 1)  # [rows, heads, dim]
-            q = q.reshape(rows, kv_heads, heads // kv_heads, dim)
-            k = keys[slot : slot + rows, :, :end]
-            v = values[slot : slot + rows, :, :end]
-            scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
-            weights = torch.softmax(scores, dim=-1).to(v.dtype)
-            out[0, offset : offset + rows] = torch.matmul(weights, v).reshape(rows, heads, dim)
-        else:  # a prompt's tokens, causal over the slot's earlier positions and each other
-            end = start + count
-            q = query[:, :, offset : offset + count]
-            k, v = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
-            mask = None
-            if start:
-                mask = torch.ones((count, end), dtype=torch.bool, device=q.device).tril(start)
-            result = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=not start, scale=scaling, enable_gqa=True
-            )
-            out[0, offset : offset + count] = result[0].transpose(0, 1)
+    keys[plan.slot_index, :, plan.position_index] = key_N_K_D
+    values[plan.slot_index, :, plan.position_index] = value_N_K_D
+    out = query_N_H_D.new_empty(query_N_H_D.shape)
+    for group in plan.decodes:
+        out[group.tokens] = decode_attention(query_N_H_D, keys, values, group, scaling)
+    for offset, slot, start, count in plan.prompts:  # causal over the slot's earlier positions
+        end = start + count
+        q = query_N_H_D[offset : offset + count].transpose(0, 1)[None]
+        k, v = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+        mask = None
+        if start:
+            mask = torch.ones((count, end), dtype=torch.bool, device=q.device).tril(start)
+        result = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=not start, scale=scaling, enable_gqa=True
+        )
+        out[offset : offset + count] = result[0].transpose(0, 1)
     for slot, copies, end in plan.copies:
         for store in (keys, values):
             store[copies.start : copies.stop, :, :end] = store[slot, :, :end]
-    return out, None
+    return out
+
+
+def decode_attention(
+    query_N_H_D: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    group: DecodeGroup,
+    scaling: float,
+) -> torch.Tensor:
+    """``[rows, heads, dim]``: each row of ``group`` (its query among the pass's
+    ``query_N_H_D``) attending over its slot in one layer's ``keys`` and ``values``."""
+    heads, dim = query_N_H_D.shape[1], query_N_H_D.shape[-1]
+    rows, kv_heads = len(group.tokens), keys.shape[1]
+    q = query_N_H_D[group.tokens].reshape(rows, kv_heads, heads // kv_heads, dim)
+    k = keys[:, :, : group.keys].index_select(0, group.slots)
+    v = values[:, :, : group.keys].index_select(0, group.slots)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
+    weights = torch.softmax(scores.masked_fill_(group.hidden, -torch.inf), dim=-1)
+    return torch.matmul(weights.to(v.dtype), v).reshape(rows, heads, dim)
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)

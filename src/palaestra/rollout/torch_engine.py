@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from palaestra.models import slot_attention
+from palaestra.models.fused_pass import FusedPass, fused_pass
 from palaestra.models.kv_cache import cache_argument, has_plain_attention, make_cache
 from palaestra.models.packed_linear import PackedLinears, packed_linears
 from palaestra.rollout.sampling import row_seed, sample_next_tokens
@@ -75,7 +76,7 @@ class TorchEngine:
         if dtype is not None and next(model.parameters()).dtype != dtype:
             self.model = sampling_copy(model, dtype)
         self.weight_version = 0
-        self._packed: PackedLinears | None = None
+        self._packed: FusedPass | PackedLinears | None = None
         self._packed_version: int | None = None
         self.continuous = has_plain_attention(self.model.config)
         """Whether it generates by continuous batching (every layer plain attention)."""
@@ -114,13 +115,14 @@ class TorchEngine:
         self.weight_version = version
         self._packed, self._packed_version = None, None  # packed again at the next pass
 
-    def packed_linears(self) -> PackedLinears | None:
-        """The sampling module's linear weights packed for generation passes, made once per
-        weight version (``update_weights`` drops them, and so does the end of each
-        ``generate_requests`` when the engine samples from the module it was given, which
-        its owner may change); ``None`` where packing is unavailable or not row-invariant."""
+    def packed_linears(self) -> FusedPass | PackedLinears | None:
+        """The sampling module's weights packed for generation passes: a ``FusedPass`` for
+        Llama-family models, else its linear layers packed; made once per weight version
+        (``update_weights`` drops them, and so does the end of each ``generate_requests`` when
+        the engine samples from the module it was given, which its owner may change). ``None``
+        where packing is unavailable or not row-invariant."""
         if self._packed_version != self.weight_version:
-            self._packed = packed_linears(self.model)
+            self._packed = fused_pass(self.model) or packed_linears(self.model)
             self._packed_version = self.weight_version
         return self._packed
 
@@ -318,8 +320,8 @@ class Decoder:
         parameter = next(engine.model.parameters())
         self.kv = slot_attention.SlotKV(engine.model.config, parameter.dtype, parameter.device)
         self.packed = engine.packed_linears()
-        """The model's linear weights packed for row-invariant products (None: not here, and
-        passes with a repeatable row are padded instead)."""
+        """The model's weights packed for row-invariant products (None: not here, and passes
+        with a repeatable row are padded instead)."""
         self.waiting: deque[_Pending] = deque()
         self.running: dict[int, tuple[_Row, _Pending]] = {}
         """Slot -> the row that holds it, and its request."""
@@ -387,7 +389,10 @@ class Decoder:
         plan = slot_attention.SlotPlan(
             self.kv, segments, slot_attention.MIN_ROWS if repeatable else 1
         )
-        logits_S_V = slot_attention.forward(self.engine.model, plan, self.packed)
+        if isinstance(self.packed, FusedPass):
+            logits_S_V = self.packed.forward(plan)
+        else:
+            logits_S_V = slot_attention.forward(self.engine.model, plan, self.packed)
         rows, index = [], []
         for s, segment in enumerate(plan.segments):
             for row in owners.get(id(segment), ()):
@@ -434,7 +439,7 @@ class Decoder:
             if slots > self.kv.slots - 1:  # grow by doubling, so growing (a copy) is rare
                 slots = max(slots, min(2 * (self.kv.slots - 1), self.max_batch))
             needed = max(row.prompt_len + row.params.max_tokens for row in item.rows)
-            self.kv.reserve(slots, -(-needed // 64) * 64)
+            self.kv.reserve(slots, needed)
             for j, row in enumerate(item.rows):
                 row.slot = first + j
                 self.running[row.slot] = (row, item)

@@ -1,0 +1,206 @@
+"""A Llama-family model's generation pass written out over fused, packed weights.
+
+Through transformers' modules a decode pass of SmolLM2-135M runs about 75 small ops per layer
+(norms in six, rotary in fourteen, seven products, the residuals, the views between them), each
+a Python call and a dispatch of a few microseconds, and seven weight products where four would
+do. On a 2-core CPU, with 8 rows decoding, the products took about 70 ms of a 125 ms pass and
+the ops around them most of the rest. ``FusedPass`` computes the same functions in fewer ops:
+
+- per layer four products over weights packed once per weight version (``packed_linear``):
+  the query, key and value projections as one, the output projection, the gate and up
+  projections as one, the down projection; and the head, over each segment's last token only;
+- each norm in one op (``F.rms_norm``); rotary embeddings over the queries and keys together,
+  as ``x cos + roll(x) sin'`` with the sign of ``rotate_half`` folded into ``sin'``;
+- attention over the slot cache as ``slot_attention.attend`` computes it for the modules.
+
+A row's arithmetic still never depends on what shares its pass: every op is per token, or (the
+products) packed for row-invariance, or (attention) per row. The results equal the modules' to
+float rounding, not bit for bit; the engine's sampled log-probs are the sampler's, as always.
+
+``fused_pass(model)`` returns ``None`` for models of another shape (other layer classes,
+activations or norms, LoRA-wrapped projections, embeddings or logits scaled), which generate
+through their modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from palaestra.models import slot_attention
+from palaestra.models.lean_layers import ATTENTION_CLASSES, MLP_CLASSES, RMS_NORM_CLASSES
+from palaestra.models.packed_linear import available, pack, product
+
+CAUSAL_LM_CLASSES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
+"""Models whose forward is embeddings, decoder layers, a final norm and a linear head, and
+nothing else (no scaled embeddings, no logit soft-capping)."""
+
+
+@dataclass
+class _Norm:
+    weight: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm as transformers' Llama norms compute it: in float32, then the weight in
+        the input's dtype."""
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+
+
+@dataclass
+class _Layer:
+    attention_norm: _Norm
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    query_norm: _Norm | None
+    key_norm: _Norm | None
+    output: torch.Tensor
+    output_bias: torch.Tensor | None
+    mlp_norm: _Norm
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _norm(module: torch.nn.Module) -> _Norm | None:
+    if type(module).__name__ not in RMS_NORM_CLASSES:
+        return None
+    return _Norm(module.weight.detach(), float(module.variance_epsilon))
+
+
+def _fused(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' weights stacked (one product computes all their outputs) and packed, and
+    their biases likewise (zeros for a layer without one), or None where none has one."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    bias = None
+    if any(layer.bias is not None for layer in layers):
+        bias = torch.cat(
+            [
+                layer.bias.detach()
+                if layer.bias is not None
+                else layer.weight.new_zeros(layer.out_features)
+                for layer in layers
+            ]
+        )
+    return pack(weight), bias
+
+
+def _silu(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.SiLU) or type(module).__name__ in ("SiLUActivation", "SiLU")
+
+
+class FusedPass:
+    """A generation pass of ``model`` (checked by ``fused_pass``) over copies of its weights,
+    fused and packed: valid until the weights change."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        base = model.model
+        self.embedding = base.embed_tokens.weight.detach()
+        self.rotary = base.rotary_emb
+        self.final_norm = _norm(base.norm)
+        self.head, self.head_bias = _fused(model.lm_head)
+        first = base.layers[0].self_attn
+        self.heads = first.q_proj.out_features // first.head_dim
+        self.kv_heads = first.k_proj.out_features // first.head_dim
+        self.head_dim = first.head_dim
+        self.scaling = float(first.scaling)
+        self.layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                attention, mlp = layer.self_attn, layer.mlp
+                qkv, qkv_bias = _fused(attention.q_proj, attention.k_proj, attention.v_proj)
+                output, output_bias = _fused(attention.o_proj)
+                gate_up, gate_up_bias = _fused(mlp.gate_proj, mlp.up_proj)
+                down, down_bias = _fused(mlp.down_proj)
+                self.layers.append(
+                    _Layer(
+                        _norm(layer.input_layernorm),
+                        qkv,
+                        qkv_bias,
+                        _norm(getattr(attention, "q_norm", None)),
+                        _norm(getattr(attention, "k_norm", None)),
+                        output,
+                        output_bias,
+                        _norm(layer.post_attention_layernorm),
+                        gate_up,
+                        gate_up_bias,
+                        down,
+                        down_bias,
+                    )
+                )
+
+    @torch.inference_mode()
+    def forward(self, plan: slot_attention.SlotPlan) -> torch.Tensor:
+        """The logits after each segment's last token, ``[segments (padded as the plan
+        says), vocab]``, as ``slot_attention.forward`` returns them."""
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(plan.input_ids[0], self.embedding)
+        tokens = x.shape[0]
+        cos, sin = self.rotary(x[None], plan.position_ids)
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, dim]: every head alike
+        half = dim // 2
+        # rotate_half(x) = cat(-x2, x1) = roll(x, half) with its first half negated.
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        for index, layer in enumerate(self.layers):
+            qkv = product(layer.qkv, layer.qkv_bias, layer.attention_norm(x))
+            qk = qkv[:, : (heads + kv_heads) * dim].view(tokens, heads + kv_heads, dim)
+            if layer.query_norm is not None:
+                qk = torch.cat((layer.query_norm(qk[:, :heads]), layer.key_norm(qk[:, heads:])), 1)
+            qk = qk * cos + qk.roll(half, dims=-1) * sin
+            value = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+            attended = slot_attention.attend(
+                plan, index, qk[:, :heads], qk[:, heads:], value, self.scaling
+            )
+            x = x + product(layer.output, layer.output_bias, attended.view(tokens, heads * dim))
+            gate_up = product(layer.gate_up, layer.gate_up_bias, layer.mlp_norm(x))
+            width = gate_up.shape[-1] // 2
+            gate = F.silu(gate_up[:, :width], inplace=True)
+            x = x + product(layer.down, layer.down_bias, gate * gate_up[:, width:])
+        return product(self.head, self.head_bias, self.final_norm(x[plan.last_token]))
+
+
+def fits(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a Llama-family causal LM ``FusedPass`` computes exactly."""
+    if type(model).__name__ not in CAUSAL_LM_CLASSES:
+        return False
+    base = getattr(model, "model", None)
+    if base is None or type(getattr(model, "lm_head", None)) is not torch.nn.Linear:
+        return False
+    if type(base.embed_tokens) is not torch.nn.Embedding or _norm(base.norm) is None:
+        return False
+    for layer in base.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        projections += [attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if type(attention).__name__ not in ATTENTION_CLASSES:
+            return False
+        if type(mlp).__name__ not in MLP_CLASSES or not _silu(mlp.act_fn):
+            return False
+        if any(type(p) is not torch.nn.Linear for p in projections):
+            return False
+        if _norm(layer.input_layernorm) is None or _norm(layer.post_attention_layernorm) is None:
+            return False
+        if (getattr(attention, "q_norm", None) is None) != (
+            getattr(attention, "k_norm", None) is None
+        ):
+            return False
+        for name in ("q_norm", "k_norm"):
+            module = getattr(attention, name, None)
+            if module is not None and _norm(module) is None:
+                return False
+    return True
+
+
+def fused_pass(model: torch.nn.Module) -> FusedPass | None:
+    """A ``FusedPass`` of ``model``, or ``None`` where its shape does not fit or packed
+    products are unavailable here (``packed_linear.available``)."""
+    if not fits(model) or not available(model.lm_head.weight):
+        return None
+    return FusedPass(model)
