@@ -207,6 +207,32 @@ def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
     assert kv.keys[0][2:].eq(0).all() and kv.values[0][:, :, KEY_BLOCK:].eq(0).all()
 
 
+def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(engine):
+    from palaestra.models.slot_attention import DecodeGroup, decode_attention
+
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.randn(6, 2, 3 * KEY_BLOCK, 8, generator=generator)
+    values = torch.randn(6, 2, 3 * KEY_BLOCK, 8, generator=generator)
+    query = torch.randn(3, 6, 8, generator=generator)
+    hidden = (torch.arange(2 * KEY_BLOCK) >= torch.tensor([70, 100, 128])[:, None])[
+        :, None, None, :
+    ]
+    tokens, slots = torch.tensor([2, 0, 1]), torch.tensor([1, 2, 3])
+    gathered = DecodeGroup(tokens, slots, 2 * KEY_BLOCK, hidden)
+    in_place = DecodeGroup(tokens, slots, 2 * KEY_BLOCK, hidden, first_slot=1)
+    out = decode_attention(query, keys, values, in_place, 0.3)
+    assert torch.equal(out, decode_attention(query, keys, values, gathered, 0.3))
+    alone = DecodeGroup(tokens[1:2], slots[1:2], 2 * KEY_BLOCK, hidden[1:2], first_slot=2)
+    assert torch.equal(out[1:2], decode_attention(query, keys, values, alone, 0.3))
+    # The plan reads in place only where the group's slots run without a gap.
+    kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(5, 64)
+    plan = SlotPlan(kv, [Segment(1, 3, [4]), Segment(2, 9, [5]), Segment(4, 9, [6])], min_rows=1)
+    assert [g.first_slot for g in plan.decodes] == [None]
+    plan = SlotPlan(kv, [Segment(1, 3, [4]), Segment(2, 9, [5])], min_rows=1)
+    assert [g.first_slot for g in plan.decodes] == [1]
+
+
 def test_row_counts_fall_in_few_buckets():
     assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 120, 129, 300)] == [
         1, 2, 3, 4, 8, 8, 12, 48, 128, 192, 320

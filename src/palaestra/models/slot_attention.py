@@ -137,6 +137,9 @@ class DecodeGroup:
     """Key positions each row reads: its length rounded up to whole blocks."""
     hidden: torch.Tensor
     """``[rows, 1, 1, keys]``: True past each row's length."""
+    first_slot: int | None = None
+    """The first slot, where the rows hold consecutive slots (their keys are then read in
+    place, a view; otherwise gathered, a copy of the same values)."""
 
 
 @dataclass
@@ -188,12 +191,15 @@ class SlotPlan:
             keys = blocks * KEY_BLOCK
             lengths = torch.tensor([segment.start + 1 for _, segment in rows], device=device)
             hidden = torch.arange(keys, device=device) >= lengths[:, None]
+            held = [segment.slot for _, segment in rows]
+            consecutive = held == list(range(held[0], held[0] + len(held)))
             self.decodes.append(
                 DecodeGroup(
                     torch.tensor([offset for offset, _ in rows], device=device),
-                    torch.tensor([segment.slot for _, segment in rows], device=device),
+                    torch.tensor(held, device=device),
                     keys,
                     hidden[:, None, None, :],
+                    held[0] if consecutive else None,
                 )
             )
         self.input_ids = torch.tensor([tokens], device=device)
@@ -264,8 +270,12 @@ def decode_attention(
     heads, dim = query_N_H_D.shape[1], query_N_H_D.shape[-1]
     rows, kv_heads = len(group.tokens), keys.shape[1]
     q = query_N_H_D[group.tokens].reshape(rows, kv_heads, heads // kv_heads, dim)
-    k = keys[:, :, : group.keys].index_select(0, group.slots)
-    v = values[:, :, : group.keys].index_select(0, group.slots)
+    if group.first_slot is not None:
+        k = keys[group.first_slot : group.first_slot + rows, :, : group.keys]
+        v = values[group.first_slot : group.first_slot + rows, :, : group.keys]
+    else:
+        k = keys[:, :, : group.keys].index_select(0, group.slots)
+        v = values[:, :, : group.keys].index_select(0, group.slots)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
     weights = torch.softmax(scores.masked_fill_(group.hidden, -torch.inf), dim=-1)
     return torch.matmul(weights.to(v.dtype), v).reshape(rows, heads, dim)
