@@ -270,7 +270,7 @@ def test_packed_linears_match_the_module_s_and_leave_it_as_it_was(engine):
 def test_without_packed_weights_a_seeded_row_is_padded_and_still_repeats(
     engine, tokenizer, monkeypatch
 ):
-    monkeypatch.setattr(engine, "packed_linears", lambda: None)
+    monkeypatch.setattr(engine, "packed_weights", lambda: None)
     seeded = request(tokenizer, "Say rain", 12, n=1, seed=9)
     by_itself = alone(engine, seeded)
     decoder = engine.decoder()

@@ -109,7 +109,7 @@ def test_the_embedded_shape_runs_through_the_engine_s_fused_pass():
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed=2).eval()
     engine = TorchEngine(model, tokenizer)
-    assert isinstance(engine.packed_linears(), FusedPass)
+    assert isinstance(engine.packed_weights(), FusedPass)
     ids = tokenizer("Say rain", add_special_tokens=False).input_ids
     params = SamplingParams(10, 0.0)  # greedy: the modules' own argmax, token by token
     [[completion]] = engine.generate_requests([GenerationRequest(ids, 1, params)])

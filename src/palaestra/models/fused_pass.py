@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from palaestra.models import slot_attention
-from palaestra.models.lean_layers import ATTENTION_CLASSES, MLP_CLASSES, RMS_NORM_CLASSES
+from palaestra.models.lean_layers import ATTENTION_CLASSES, RMS_NORM_CLASSES, plain_swiglu
 from palaestra.models.packed_linear import available, pack, product
 
 CAUSAL_LM_CLASSES = frozenset(
@@ -90,10 +90,6 @@ def _fused(*layers: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
             ]
         )
     return pack(weight), bias
-
-
-def _silu(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.SiLU) or type(module).__name__ in ("SiLUActivation", "SiLU")
 
 
 class FusedPass:
@@ -176,25 +172,18 @@ def fits(model: torch.nn.Module) -> bool:
     if type(base.embed_tokens) is not torch.nn.Embedding or _norm(base.norm) is None:
         return False
     for layer in base.layers:
-        attention, mlp = layer.self_attn, layer.mlp
+        attention = layer.self_attn
+        if type(attention).__name__ not in ATTENTION_CLASSES or not plain_swiglu(layer.mlp):
+            return False
         projections = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        projections += [attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        if type(attention).__name__ not in ATTENTION_CLASSES:
-            return False
-        if type(mlp).__name__ not in MLP_CLASSES or not _silu(mlp.act_fn):
-            return False
-        if any(type(p) is not torch.nn.Linear for p in projections):
+        if any(type(p) is not torch.nn.Linear for p in [*projections, attention.o_proj]):
             return False
         if _norm(layer.input_layernorm) is None or _norm(layer.post_attention_layernorm) is None:
             return False
-        if (getattr(attention, "q_norm", None) is None) != (
-            getattr(attention, "k_norm", None) is None
-        ):
+        # Qwen3 normalises queries and keys per head: both norms, or neither.
+        head_norms = [getattr(attention, name, None) for name in ("q_norm", "k_norm")]
+        if head_norms != [None, None] and any(_norm(n) is None for n in head_norms):
             return False
-        for name in ("q_norm", "k_norm"):
-            module = getattr(attention, name, None)
-            if module is not None and _norm(module) is None:
-                return False
     return True
 
 

@@ -240,17 +240,21 @@ AttentionInterface.register(LEAN_ATTENTION, gqa_attention)
 AttentionMaskInterface.register(LEAN_ATTENTION, sdpa_mask)  # its masks are SDPA's
 
 
-def _lean_mlp(module: torch.nn.Module, grads_in_place: bool):
+def plain_swiglu(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an MLP of MLP_CLASSES with SiLU and plain ``nn.Linear``
+    projections (LoRA-wrapped or otherwise replaced ones are not plain)."""
     if type(module).__name__ not in MLP_CLASSES:
-        return None
+        return False
     projections = (module.gate_proj, module.up_proj, module.down_proj)
     if any(type(p) is not torch.nn.Linear for p in projections):
-        return None  # LoRA-wrapped or otherwise replaced projections keep the stock forward
-    if not isinstance(module.act_fn, torch.nn.SiLU) and type(module.act_fn).__name__ not in (
-        "SiLUActivation",
-        "SiLU",
-    ):
-        return None
+        return False
+    act = module.act_fn
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _lean_mlp(module: torch.nn.Module, grads_in_place: bool):
+    if not plain_swiglu(module):
+        return None  # other MLPs keep the stock forward
     return lambda x: swiglu(x, module.gate_proj, module.up_proj, module.down_proj, grads_in_place)
 
 

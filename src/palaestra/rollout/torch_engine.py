@@ -115,7 +115,7 @@ class TorchEngine:
         self.weight_version = version
         self._packed, self._packed_version = None, None  # packed again at the next pass
 
-    def packed_linears(self) -> FusedPass | PackedLinears | None:
+    def packed_weights(self) -> FusedPass | PackedLinears | None:
         """The sampling module's weights packed for generation passes: a ``FusedPass`` for
         Llama-family models, else its linear layers packed; made once per weight version
         (``update_weights`` drops them, and so does the end of each ``generate_requests`` when
@@ -319,7 +319,7 @@ class Decoder:
         self.max_batch = max_batch
         parameter = next(engine.model.parameters())
         self.kv = slot_attention.SlotKV(engine.model.config, parameter.dtype, parameter.device)
-        self.packed = engine.packed_linears()
+        self.packed = engine.packed_weights()
         """The model's weights packed for row-invariant products (None: not here, and passes
         with a repeatable row are padded instead)."""
         self.waiting: deque[_Pending] = deque()
