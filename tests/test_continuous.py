@@ -154,52 +154,81 @@ def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_decode_rows(engi
     assert plan.input_ids.tolist() == [[8, 7, 0, 0]]
     assert plan.position_ids.tolist() == [[5, 5, 0, 1]]
     [group] = plan.decodes
-    assert group.tokens.tolist() == [0, 1] and group.slots.tolist() == [0, 1]
+    assert group.tokens == range(2) and group.slots.tolist() == [0, 1]
     assert group.keys == KEY_BLOCK
-    assert group.hidden.shape == (2, 1, 1, KEY_BLOCK)
-    assert group.hidden[:, 0, 0].sum(-1).tolist() == [KEY_BLOCK - 6] * 2  # 6 keys seen
+    assert group.mask.shape == (2 * kv.kv_heads, 1, KEY_BLOCK)
+    seen = group.mask[:, 0].eq(0).sum(-1).tolist()
+    assert seen == [6] * (2 * kv.kv_heads)  # 6 keys seen, the rest at -inf
+    assert group.mask[:, 0, 6:].eq(-torch.inf).all()
     assert plan.prompts == [(2, 4, 0, 2)]
     assert len(plan.last_token) == MIN_ROWS
-    # Rows of different lengths share a group while their lengths round to the same blocks.
+    # Rows of different lengths share a group while their lengths round to the same blocks;
+    # groups come first in the pass, each a run of its tokens.
     mixed = SlotPlan(kv, [Segment(0, 70, [5]), Segment(1, 3, [6]), Segment(3, 63, [7])], min_rows=1)
-    assert [(g.tokens.tolist(), g.slots.tolist(), g.keys) for g in mixed.decodes] == [
-        ([1, 2], [1, 3], KEY_BLOCK),
-        ([0], [0], 2 * KEY_BLOCK),
+    assert mixed.input_ids.tolist() == [[6, 7, 5]]
+    assert [(g.tokens, g.slots.tolist(), g.keys) for g in mixed.decodes] == [
+        (range(2), [1, 3], KEY_BLOCK),
+        (range(2, 3), [0], 2 * KEY_BLOCK),
     ]
-    assert (~mixed.decodes[0].hidden[:, 0, 0]).sum(-1).tolist() == [4, 64]
-    # Six tokens are padded to the bucket of eight, two scratch tokens after the prompt.
-    prompt = SlotPlan(kv, [Segment(2, 0, [1, 2, 3, 4, 5], range(3, 4)), Segment(0, 9, [6])])
-    assert prompt.input_ids.tolist() == [[6, 1, 2, 3, 4, 5, 0, 0]]
-    assert [g.tokens.tolist() for g in prompt.decodes] == [[0]]
-    assert prompt.prompts == [(1, 2, 0, 5), (6, 4, 0, 2)]
+    seen = mixed.decodes[0].mask[:: kv.kv_heads, 0].eq(0).sum(-1).tolist()
+    assert seen == [4, 64]
+    # Decode rows come before prompts whatever their slots; the padding comes last.
+    prompt = SlotPlan(kv, [Segment(2, 0, [1, 2, 3, 4, 5], range(3, 4)), Segment(3, 9, [6])])
+    assert prompt.input_ids.tolist() == [[6, 1, 2, 3, 4, 5]]
+    assert [g.tokens for g in prompt.decodes] == [range(1)]
+    assert prompt.prompts == [(1, 2, 0, 5)]
     assert prompt.copies == [(2, range(3, 4), 5)]
-    assert prompt.last_token.tolist() == [0, 5, 7, 7]
+    assert prompt.last_token.tolist() == [0, 5, 5, 5]
+    # A pass of nine tokens is padded to twelve, the three scratch tokens one prompt.
+    nine = SlotPlan(kv, [Segment(2, 0, [1] * 8), Segment(0, 9, [6])])
+    assert nine.input_ids.tolist() == [[6] + [1] * 8 + [0] * 3]
+    assert nine.prompts == [(1, 2, 0, 8), (9, 4, 0, 3)]
+    # One padding token too comes last, attending as a prompt would (not in a decode group).
+    three = SlotPlan(kv, [Segment(0, 70, [5]), Segment(1, 3, [6]), Segment(2, 8, [7])])
+    assert three.input_ids.tolist() == [[6, 7, 5, 0]]
+    assert [(g.tokens, g.slots.tolist()) for g in three.decodes] == [
+        (range(2), [1, 2]),
+        (range(2, 3), [0]),
+    ]
+    assert three.prompts == [(3, 4, 0, 1)]
     alone = SlotPlan(kv, [Segment(0, 3, [6])], min_rows=1)
     assert alone.input_ids.tolist() == [[6]] and alone.last_token.tolist() == [0]
 
 
+def _group(tokens: range, slots: list[int], keys: int, lengths: list[int], kv_heads: int, **kw):
+    from palaestra.models.slot_attention import DecodeGroup, decode_mask
+
+    mask = decode_mask(lengths, keys, kv_heads, torch.float32, torch.device("cpu"))
+    return DecodeGroup(tokens, torch.tensor(slots), keys, mask, **kw)
+
+
 def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
-    """The masked tail of a row's key block changes nothing (finite values there: the cache's
-    new room is zeros, since a NaN value would survive its zero weight)."""
-    from palaestra.models.slot_attention import DecodeGroup, decode_attention
+    """The masked tail of a row's key block changes nothing while it holds finite numbers (the
+    cache's new room is zeros: a NaN key or value there would survive its zero weight)."""
+    from palaestra.models.slot_attention import decode_attention
 
     generator = torch.Generator().manual_seed(0)
     keys = torch.randn(3, 2, KEY_BLOCK, 8, generator=generator)
     values = torch.randn(3, 2, KEY_BLOCK, 8, generator=generator)
     query = torch.randn(4, 6, 8, generator=generator)  # 4 tokens, 6 heads over 2 kv heads
-    lengths = torch.tensor([5, 9])
-    hidden = (torch.arange(KEY_BLOCK) >= lengths[:, None])[:, None, None, :]
-    group = DecodeGroup(torch.tensor([1, 3]), torch.tensor([2, 0]), KEY_BLOCK, hidden)
+    group = _group(range(1, 3), [2, 0], KEY_BLOCK, [5, 9], kv_heads=2)
     out = decode_attention(query, keys, values, group, 0.5)
-    for row, (token, slot, length) in enumerate([(1, 2, 5), (3, 0, 9)]):
+    for row, (token, slot, length) in enumerate([(1, 2, 5), (2, 0, 9)]):
         q = query[token].reshape(2, 3, 8)
         k, v = keys[slot, :, :length], values[slot, :, :length]
         expected = torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1) @ v
         assert torch.allclose(out[row], expected.reshape(6, 8), atol=1e-6)
-    keys[2, :, 5:], values[2, :, 5:] = torch.nan, 1e30
+    # Written into a pass's output, at the group's tokens only.
+    written = torch.full_like(query, 7.0)
+    decode_attention(query, keys, values, group, 0.5, written)
+    assert torch.equal(written[1:3], out) and written[[0, 3]].eq(7.0).all()
+    keys[2, :, 5:], values[2, :, 5:] = 1e4, 1e30
     assert torch.equal(out, decode_attention(query, keys, values, group, 0.5))
-    values[2, :, 5:] = torch.nan
-    assert decode_attention(query, keys, values, group, 0.5)[0].isnan().all()
+    for store in (keys, values):  # masked means a weight of zero, which a NaN survives
+        store[2, :, 5:] = torch.nan
+        assert decode_attention(query, keys, values, group, 0.5)[0].isnan().all()
+        assert torch.equal(decode_attention(query, keys, values, group, 0.5)[1], out[1])
+        store[2, :, 5:] = 0.0
     kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
     kv.reserve(2, 10)
     kv.keys[0].fill_(3.0)
@@ -208,21 +237,18 @@ def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
 
 
 def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(engine):
-    from palaestra.models.slot_attention import DecodeGroup, decode_attention
+    from palaestra.models.slot_attention import decode_attention
 
     generator = torch.Generator().manual_seed(1)
     keys = torch.randn(6, 2, 3 * KEY_BLOCK, 8, generator=generator)
     values = torch.randn(6, 2, 3 * KEY_BLOCK, 8, generator=generator)
     query = torch.randn(3, 6, 8, generator=generator)
-    hidden = (torch.arange(2 * KEY_BLOCK) >= torch.tensor([70, 100, 128])[:, None])[
-        :, None, None, :
-    ]
-    tokens, slots = torch.tensor([2, 0, 1]), torch.tensor([1, 2, 3])
-    gathered = DecodeGroup(tokens, slots, 2 * KEY_BLOCK, hidden)
-    in_place = DecodeGroup(tokens, slots, 2 * KEY_BLOCK, hidden, first_slot=1)
+    lengths = [70, 100, 128]
+    gathered = _group(range(3), [1, 2, 3], 2 * KEY_BLOCK, lengths, kv_heads=2)
+    in_place = _group(range(3), [1, 2, 3], 2 * KEY_BLOCK, lengths, kv_heads=2, first_slot=1)
     out = decode_attention(query, keys, values, in_place, 0.3)
     assert torch.equal(out, decode_attention(query, keys, values, gathered, 0.3))
-    alone = DecodeGroup(tokens[1:2], slots[1:2], 2 * KEY_BLOCK, hidden[1:2], first_slot=2)
+    alone = _group(range(1, 2), [2], 2 * KEY_BLOCK, lengths[1:2], kv_heads=2, first_slot=2)
     assert torch.equal(out[1:2], decode_attention(query, keys, values, alone, 0.3))
     # The plan reads in place only where the group's slots run without a gap.
     kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
@@ -234,10 +260,10 @@ def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(e
 
 
 def test_row_counts_fall_in_few_buckets():
-    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 120, 129, 300)] == [
-        1, 2, 3, 4, 8, 8, 12, 48, 128, 192, 320
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 41, 120, 129, 300)] == [
+        1, 2, 3, 4, 5, 8, 12, 40, 48, 128, 192, 320
     ]  # fmt: skip
-    assert len({bucket(n) for n in range(1, 1025)}) == 4 + 7 + 6 + 14
+    assert len({bucket(n) for n in range(1, 1025)}) == 8 + 6 + 4 + 4 + 14
 
 
 def test_growing_the_cache_keeps_what_the_slots_hold(engine):

@@ -20,12 +20,14 @@ which transformers hands to every attention layer; a Llama-family model's pass w
 Every row gets the same arithmetic whatever else is in the pass, so a seeded request draws the
 same tokens alone or in a crowd (the endpoint's scores repeat):
 - a prompt's attention runs for that prompt alone;
-- decode rows share attention calls written as two matmuls and a softmax, whose per-row
-  results do not depend on how many rows share them (the fused kernel's do: it splits work by
-  the batch's size). A row reads its slot's keys up to its length rounded up to ``KEY_BLOCK``
-  positions, the ones past its length masked out, so rows whose lengths round alike share a
-  call (one call per block count in the pass) while each row's shapes depend on its own
-  length only;
+- decode rows share attention calls written as two batched products and a softmax (the scores'
+  scaling and mask folded into the first product), whose per-row results do not depend on how
+  many rows share them (the fused kernel's do: it splits work by the batch's size). The plan
+  puts decode rows first in the pass, ordered by their groups, so a group's queries and
+  outputs are a slice of the pass's, not a gather. A row reads its slot's keys up to its
+  length rounded up to ``KEY_BLOCK`` positions, the ones past its length masked out, so rows
+  whose lengths round alike share a call (one call per block count in the pass) while each
+  row's shapes depend on its own length only;
 - the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
   since a one-row product takes another kernel than a many-row one. That padding costs a lone
   row about 2.5x its time (the one-row kernel is the fastest per row), so the engine asks for
@@ -54,10 +56,12 @@ included), and slots hold a whole number of blocks."""
 
 
 def bucket(rows: int) -> int:
-    """``rows`` rounded up to one of a few sizes (1-4, then steps of 4 to 32, of 16 to 128, of
-    64 beyond), so products see few distinct shapes: oneDNN builds and keeps a kernel per
-    shape, and one per row count would grow the process's memory with every new count."""
-    for limit, step in ((4, 1), (32, 4), (128, 16)):
+    """``rows`` rounded up to one of a few sizes (1-8, then steps of 4 to 32, of 8 to 64, of
+    16 to 128, of 64 beyond), so products see few distinct shapes: oneDNN builds and keeps a
+    kernel per shape (a few MB for a small model's weights), and one per row count would grow
+    the process's memory with every new count. The steps stay small where passes are small:
+    a padded row costs a product about as much as a real one."""
+    for limit, step in ((8, 1), (32, 4), (64, 8), (128, 16)):
         if rows <= limit:
             return -(-rows // step) * step
     return -(-rows // 64) * 64
@@ -90,7 +94,7 @@ class SlotKV:
         """Room for ``slots`` sequences (plus scratch) of ``capacity`` positions (rounded up to
         whole ``KEY_BLOCK``s), keeping what the existing slots hold. Grows only; growing copies
         the filled buffers once. New room holds zeros: a decode row's masked tail reads it, and
-        garbage there (a NaN) would survive a zero attention weight."""
+        garbage there (a NaN key or value) would survive a zero attention weight."""
         capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
         slots, capacity = max(slots + 1, self.slots), max(capacity, self.capacity)
         if slots == self.slots and capacity == self.capacity:
@@ -128,18 +132,28 @@ class Segment:
 
 @dataclass
 class DecodeGroup:
-    """Decode rows (one token each) whose lengths round up to the same whole ``KEY_BLOCK``s."""
+    """Decode rows (one token each) whose lengths round up to the same whole ``KEY_BLOCK``s,
+    consecutive in the pass."""
 
-    tokens: torch.Tensor
-    """Each row's flat token index in the pass."""
+    tokens: range
+    """The rows' flat token indices in the pass."""
     slots: torch.Tensor
     keys: int
     """Key positions each row reads: its length rounded up to whole blocks."""
-    hidden: torch.Tensor
-    """``[rows, 1, 1, keys]``: True past each row's length."""
+    mask: torch.Tensor
+    """``[rows * kv_heads, 1, keys]``, added to the attention scores: 0 up to each row's
+    length, -inf past it (rows repeated per key-value head, the batch of the products)."""
     first_slot: int | None = None
     """The first slot, where the rows hold consecutive slots (their keys are then read in
     place, a view; otherwise gathered, a copy of the same values)."""
+
+
+def decode_mask(lengths: list[int], keys: int, kv_heads: int, dtype, device) -> torch.Tensor:
+    """A ``DecodeGroup.mask`` for rows of these lengths (positions filled, this token's
+    included)."""
+    hidden = torch.arange(keys, device=device) >= torch.tensor(lengths, device=device)[:, None]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, -torch.inf)
+    return mask.repeat_interleave(kv_heads, dim=0)[:, None, :]
 
 
 @dataclass
@@ -157,18 +171,33 @@ class SlotPlan:
     """Flat index of each segment's last token, padded to a ``bucket`` of at least
     ``min_rows`` entries."""
     prompts: list[tuple[int, int, int, int]] = field(init=False)
-    """(first flat token, slot, start, tokens) of each segment of several tokens."""
+    """(first flat token, slot, start, tokens) of each segment of several tokens, and of the
+    padding."""
     decodes: list[DecodeGroup] = field(init=False)
     """The one-token segments, grouped by key blocks."""
     copies: list[tuple[int, range, int]] = field(init=False)
     """(slot, slots to copy it to, positions): prefills shared by a prompt's other samples."""
 
     def __post_init__(self) -> None:
-        segments = sorted(self.segments, key=lambda s: s.slot)
+        segments = list(self.segments)
         total = sum(len(s.tokens) for s in segments)
         padding = bucket(max(total, self.min_rows)) - total
         if padding > 0:
             segments.append(Segment(self.kv.scratch, 0, [0] * padding))
+
+        scratch = self.kv.scratch
+
+        def decoding(segment: Segment) -> bool:
+            return len(segment.tokens) == 1 and segment.slot != scratch
+
+        def order(segment: Segment) -> tuple[int, int, int]:
+            """Decode rows first, by key blocks, so that each group is a run of the pass's
+            tokens; then the prompts by slot; the padding (the scratch slot's) last."""
+            if decoding(segment):
+                return (0, segment.start // KEY_BLOCK, segment.slot)
+            return (1, 0, segment.slot)
+
+        segments.sort(key=order)
         self.segments = segments
         self.copies = [(s.slot, s.copies, s.start + len(s.tokens)) for s in segments if s.copies]
         tokens, positions, slots, last = [], [], [], []
@@ -180,25 +209,24 @@ class SlotPlan:
             positions += range(segment.start, segment.start + count)
             slots += [segment.slot] * count
             last.append(offset + count - 1)
-            if count == 1:
+            if decoding(segment):
                 blocks = segment.start // KEY_BLOCK + 1
                 by_blocks.setdefault(blocks, []).append((offset, segment))
             else:
                 self.prompts.append((offset, segment.slot, segment.start, count))
-        device = self.kv.device
+        device, kv = self.kv.device, self.kv
         self.decodes = []
-        for blocks, rows in sorted(by_blocks.items()):
+        for blocks, rows in by_blocks.items():
             keys = blocks * KEY_BLOCK
-            lengths = torch.tensor([segment.start + 1 for _, segment in rows], device=device)
-            hidden = torch.arange(keys, device=device) >= lengths[:, None]
             held = [segment.slot for _, segment in rows]
             consecutive = held == list(range(held[0], held[0] + len(held)))
+            lengths = [segment.start + 1 for _, segment in rows]
             self.decodes.append(
                 DecodeGroup(
-                    torch.tensor([offset for offset, _ in rows], device=device),
+                    range(rows[0][0], rows[-1][0] + 1),
                     torch.tensor(held, device=device),
                     keys,
-                    hidden[:, None, None, :],
+                    decode_mask(lengths, keys, kv.kv_heads, kv.dtype, device),
                     held[0] if consecutive else None,
                 )
             )
@@ -238,9 +266,11 @@ def attend(
     keys, values = plan.kv.keys[layer], plan.kv.values[layer]
     keys[plan.slot_index, :, plan.position_index] = key_N_K_D
     values[plan.slot_index, :, plan.position_index] = value_N_K_D
+    if not plan.prompts and len(plan.decodes) == 1:  # one group makes the whole pass
+        return decode_attention(query_N_H_D, keys, values, plan.decodes[0], scaling)
     out = query_N_H_D.new_empty(query_N_H_D.shape)
     for group in plan.decodes:
-        out[group.tokens] = decode_attention(query_N_H_D, keys, values, group, scaling)
+        decode_attention(query_N_H_D, keys, values, group, scaling, out)
     for offset, slot, start, count in plan.prompts:  # causal over the slot's earlier positions
         end = start + count
         q = query_N_H_D[offset : offset + count].transpose(0, 1)[None]
@@ -264,21 +294,33 @@ def decode_attention(
     values: torch.Tensor,
     group: DecodeGroup,
     scaling: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[rows, heads, dim]``: each row of ``group`` (its query among the pass's
-    ``query_N_H_D``) attending over its slot in one layer's ``keys`` and ``values``."""
+    ``query_N_H_D``) attending over its slot in one layer's ``keys`` and ``values``; written
+    into ``out`` (``[N, heads, dim]``, at the group's tokens) when given.
+
+    Three ops over a batch of ``rows * kv_heads`` small matrices: scores scaled and masked in
+    one product (``baddbmm``), their softmax, the values' product.
+    """
     heads, dim = query_N_H_D.shape[1], query_N_H_D.shape[-1]
-    rows, kv_heads = len(group.tokens), keys.shape[1]
-    q = query_N_H_D[group.tokens].reshape(rows, kv_heads, heads // kv_heads, dim)
+    rows, kv_heads, keys_read = len(group.tokens), keys.shape[1], group.keys
+    batch = rows * kv_heads
+    q = query_N_H_D[group.tokens.start : group.tokens.stop].reshape(batch, -1, dim)
     if group.first_slot is not None:
-        k = keys[group.first_slot : group.first_slot + rows, :, : group.keys]
-        v = values[group.first_slot : group.first_slot + rows, :, : group.keys]
+        k = keys[group.first_slot : group.first_slot + rows, :, :keys_read]
+        v = values[group.first_slot : group.first_slot + rows, :, :keys_read]
     else:
-        k = keys[:, :, : group.keys].index_select(0, group.slots)
-        v = values[:, :, : group.keys].index_select(0, group.slots)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling
-    weights = torch.softmax(scores.masked_fill_(group.hidden, -torch.inf), dim=-1)
-    return torch.matmul(weights.to(v.dtype), v).reshape(rows, heads, dim)
+        k = keys[:, :, :keys_read].index_select(0, group.slots)
+        v = values[:, :, :keys_read].index_select(0, group.slots)
+    k, v = k.reshape(batch, keys_read, dim), v.reshape(batch, keys_read, dim)
+    scores = torch.baddbmm(group.mask, q, k.transpose(1, 2), alpha=scaling)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    if out is None:
+        return torch.bmm(weights, v).view(rows, heads, dim)
+    target = out[group.tokens.start : group.tokens.stop]
+    torch.bmm(weights, v, out=target.view(batch, -1, dim))
+    return target
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
