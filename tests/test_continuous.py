@@ -320,3 +320,43 @@ def test_a_prompt_prefilled_in_two_parts_scores_as_in_one(engine):
         rest = forward(model, SlotPlan(kv, [Segment(1, 5, ids[5:])], min_rows=1))[0]
         plain = model(input_ids=torch.tensor([ids])).logits[0, -1]
     assert torch.allclose(rest, whole, atol=1e-5) and torch.allclose(whole, plain, atol=1e-5)
+
+
+def test_a_prompt_copies_the_whole_chunks_it_shares_and_draws_what_it_draws_alone(
+    engine, tokenizer
+):
+    from palaestra.models.slot_attention import PREFIX_CHUNK
+    from palaestra.rollout.torch_engine import shared_prefix
+
+    system = tokenizer("You are a terse poet. " * 6, add_special_tokens=False).input_ids
+    other = tokenizer("Answer in French, briefly. " * 6, add_special_tokens=False).input_ids
+    assert min(len(system), len(other)) > 2 * PREFIX_CHUNK and system[0] != other[0]
+    whole = 2 * PREFIX_CHUNK
+    first = GenerationRequest(system + [5, 6, 7], 2, SamplingParams(12, seed=1))
+    greedy = GenerationRequest(system[:whole] + [8, 9], 1, SamplingParams(10, temperature=0.0))
+    computed = GenerationRequest(other + [4] * 3, 1, SamplingParams(10, seed=2))
+    copied = GenerationRequest(other[:whole] + [3] * 9, 2, SamplingParams(10, seed=4))
+    requests = [first, greedy, computed, copied]
+    expected = [engine.generate_requests([r])[0] for r in requests]
+    # Greedy joins while first runs, and copies its prefix from first's slot; copied joins in
+    # the same pass as computed, and copies its prefix within that pass.
+    decoder = engine.decoder()
+    futures = [decoder.add(first)]
+    decoder.step()
+    assert decoder.prefix_tokens == 0
+    futures += [decoder.add(r) for r in requests[1:]]
+    decoder.step()
+    assert decoder.prefix_tokens == 2 * whole
+    while decoder.busy:
+        decoder.step()
+    for future, by_itself in zip(futures, expected, strict=True):
+        assert [c.token_ids for c in future.result()] == [c.token_ids for c in by_itself]
+        assert [c.logprobs for c in future.result()] == [c.logprobs for c in by_itself]
+    # Only whole chunks of both prompts, and never a prompt's last token.
+    held = [(list(range(40)), 3)]
+    assert shared_prefix(list(range(40)), held) == (3, 32)
+    assert shared_prefix(list(range(33)), held) == (3, 32)
+    assert shared_prefix(list(range(32)), held) == (3, 16)
+    assert shared_prefix(list(range(20)) + [99] * 20, held) == (3, 16)
+    assert shared_prefix([99] + list(range(1, 40)), held) == (-1, 0)
+    assert shared_prefix(list(range(100)), [(list(range(31)), 2), (list(range(50)), 5)]) == (5, 48)

@@ -50,6 +50,12 @@ MIN_ROWS = 4
 """Fewest token rows in a pass: from four rows on, a row's matmul result does not depend on
 how many rows share the product (measured on the CPUs this was built on)."""
 
+PREFIX_CHUNK = 16
+"""A prompt attends in chunks of this many positions (at multiples of it), so the keys and
+values of a chunk depend on the tokens up to its end only, never on the rest of the prompt:
+another prompt starting with the same whole chunks may copy them instead of computing them,
+and gets the same bits it would have computed."""
+
 KEY_BLOCK = 64
 """A decode row attends over its keys in whole blocks of this many positions (the masked tail
 included), and slots hold a whole number of blocks."""
@@ -128,6 +134,10 @@ class Segment:
     copies: range = range(0)
     """Slots that receive a copy of this segment's keys and values once written (the other
     samples of a prompt, which share its prefill)."""
+    prefix_from: int | None = None
+    """The slot whose positions ``0..start`` this slot receives before attending: a prefix of
+    whole ``PREFIX_CHUNK``s another prompt computed, in an earlier pass or earlier in this
+    one (``start`` is then a multiple of ``PREFIX_CHUNK``)."""
 
 
 @dataclass
@@ -177,9 +187,15 @@ class SlotPlan:
     """The one-token segments, grouped by key blocks."""
     copies: list[tuple[int, range, int]] = field(init=False)
     """(slot, slots to copy it to, positions): prefills shared by a prompt's other samples."""
+    prefixes: list[tuple[int, int, int]] = field(init=False)
+    """(slot, slot to copy it to, positions): prefixes copied before attention, in the order
+    the segments were given (a prompt may pass on a prefix it received earlier in the pass)."""
 
     def __post_init__(self) -> None:
         segments = list(self.segments)
+        self.prefixes = [
+            (s.prefix_from, s.slot, s.start) for s in segments if s.prefix_from is not None
+        ]
         total = sum(len(s.tokens) for s in segments)
         padding = bucket(max(total, self.min_rows)) - total
         if padding > 0:
@@ -266,22 +282,30 @@ def attend(
     keys, values = plan.kv.keys[layer], plan.kv.values[layer]
     keys[plan.slot_index, :, plan.position_index] = key_N_K_D
     values[plan.slot_index, :, plan.position_index] = value_N_K_D
+    for source, slot, end in plan.prefixes:
+        keys[slot, :, :end] = keys[source, :, :end]
+        values[slot, :, :end] = values[source, :, :end]
     if not plan.prompts and len(plan.decodes) == 1:  # one group makes the whole pass
         return decode_attention(query_N_H_D, keys, values, plan.decodes[0], scaling)
     out = query_N_H_D.new_empty(query_N_H_D.shape)
     for group in plan.decodes:
         decode_attention(query_N_H_D, keys, values, group, scaling, out)
-    for offset, slot, start, count in plan.prompts:  # causal over the slot's earlier positions
-        end = start + count
-        q = query_N_H_D[offset : offset + count].transpose(0, 1)[None]
-        k, v = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
-        mask = None
-        if start:
-            mask = torch.ones((count, end), dtype=torch.bool, device=q.device).tril(start)
-        result = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=not start, scale=scaling, enable_gqa=True
-        )
-        out[offset : offset + count] = result[0].transpose(0, 1)
+    for offset, slot, start, count in plan.prompts:
+        first = start
+        while first < start + count:  # chunk by chunk, each causal over the slot before it
+            end = min((first // PREFIX_CHUNK + 1) * PREFIX_CHUNK, start + count)
+            rows = slice(offset + first - start, offset + end - start)
+            q = query_N_H_D[rows].transpose(0, 1)[None]
+            k, v = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+            mask = None
+            if first:
+                mask = torch.ones((end - first, end), dtype=torch.bool, device=q.device)
+                mask = mask.tril(first)
+            result = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=not first, scale=scaling, enable_gqa=True
+            )
+            out[rows] = result[0].transpose(0, 1)
+            first = end
     for slot, copies, end in plan.copies:
         for store in (keys, values):
             store[copies.start : copies.stop, :, :end] = store[slot, :, :end]

@@ -3,7 +3,9 @@
 Rows (a request's ``n`` completions) join the running batch at the next forward pass and leave
 it the moment they finish (end-of-sequence, a stop string, their own ``max_tokens``, their
 request's ``cancel`` set); a request's prompt is prefilled once, inside a pass that also decodes
-the rows already running, and its keys and values are copied to its other rows' slots. No row
+the rows already running, and its keys and values are copied to its other rows' slots. A prompt
+that starts like one a slot already holds (a chat template's system prompt, a task's shared
+instructions) copies the whole ``PREFIX_CHUNK``s they share and computes the rest. No row
 waits for another row's end, and no row's tokens depend on what else is in the pass
 (``models/slot_attention.py`` says how). A ``Decoder`` is that loop, one pass per ``step()``;
 ``generate_requests`` runs one until its requests are done, and a server keeps one running.
@@ -303,6 +305,8 @@ class _Pending:
     rows: list[_Row]
     future: Future
     running: int = 0
+    tokens: list[int] = field(default_factory=list)
+    """The request's prompt."""
 
 
 class Decoder:
@@ -329,6 +333,8 @@ class Decoder:
         """Forward passes run so far."""
         self.rows = 0
         """Rows admitted so far."""
+        self.prefix_tokens = 0
+        """Prompt tokens copied from another prompt's slot rather than computed, so far."""
         self.last_step_s = 0.0
 
     @property
@@ -343,7 +349,8 @@ class Decoder:
         """
         self.engine._check(index, request)
         future: Future = Future()
-        self.waiting.append(_Pending(request, self.engine._rows(request, 0), future))
+        rows = self.engine._rows(request, 0)
+        self.waiting.append(_Pending(request, rows, future, tokens=list(request.token_ids)))
         return future
 
     def close(self) -> None:
@@ -366,17 +373,29 @@ class Decoder:
         started = time.monotonic()
         segments: list[slot_attention.Segment] = []
         owners: dict[int, list[_Row]] = {}
-        for slot, (row, _) in self.running.items():  # each feeds the token it drew last
+        # The prompts whose keys and values a slot holds (id of the request -> its tokens
+        # and the slot), from which a newcomer may copy a prefix.
+        prompts: dict[int, tuple[list[int], int]] = {}
+        for slot, (row, item) in self.running.items():  # each feeds the token it drew last
             segment = slot_attention.Segment(slot, row.length, [row.token_ids[-1]])
             segments.append(segment)
             owners[id(segment)] = [row]
+            if id(item) not in prompts:
+                prompts[id(item)] = (item.tokens, slot)
         for item in self._admit():
-            first = item.rows[0].slot
+            first, tokens = item.rows[0].slot, item.tokens
+            source, shared = shared_prefix(tokens, prompts.values())
             segment = slot_attention.Segment(
-                first, 0, list(item.request.token_ids), range(first + 1, first + len(item.rows))
+                first,
+                shared,
+                tokens[shared:],
+                range(first + 1, first + len(item.rows)),
+                source if shared else None,
             )
             segments.append(segment)
             owners[id(segment)] = item.rows
+            prompts[id(item)] = (tokens, first)
+            self.prefix_tokens += shared
         if not segments:
             return
         # Without packed weights, pad the pass to the rows from which a row's arithmetic no
@@ -461,6 +480,23 @@ class Decoder:
         item.running -= 1
         if item.running == 0:
             item.future.set_result([r.completion() for r in item.rows])
+
+
+def shared_prefix(tokens: list[int], held) -> tuple[int, int]:
+    """(slot, positions): the slot among ``held`` ((prompt, slot) pairs) whose prompt starts
+    with the most whole ``PREFIX_CHUNK``s of ``tokens``, and how many positions those chunks
+    hold; (-1, 0) where none shares a chunk. At least the last token of ``tokens`` is left to
+    compute (its logits draw the first reply token)."""
+    chunk = slot_attention.PREFIX_CHUNK
+    best, source = 0, -1
+    for prompt, slot in held:
+        limit = min(len(prompt), len(tokens) - 1) // chunk * chunk
+        shared = 0
+        while shared < limit and prompt[shared : shared + chunk] == tokens[shared : shared + chunk]:
+            shared += chunk
+        if shared > best:
+            best, source = shared, slot
+    return source, best
 
 
 class PassDecoder:
