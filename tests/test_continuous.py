@@ -250,6 +250,13 @@ def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(e
     assert torch.equal(out, decode_attention(query, keys, values, gathered, 0.3))
     alone = _group(range(1, 2), [2], 2 * KEY_BLOCK, lengths[1:2], kv_heads=2, first_slot=2)
     assert torch.equal(out[1:2], decode_attention(query, keys, values, alone, 0.3))
+    # Gathered into the cache's reusable room: the same bits, and the room grows only once.
+    kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
+    room = kv.gather_room(2 * 3 * 2 * 2 * KEY_BLOCK * 8)
+    assert torch.equal(out, decode_attention(query, keys, values, gathered, 0.3, room=room))
+    assert kv.gather_room(100).data_ptr() == room.data_ptr()
+    kv.release()
+    assert kv.gathered.numel() == 0
     # The plan reads in place only where the group's slots run without a gap.
     kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
     kv.reserve(5, 64)

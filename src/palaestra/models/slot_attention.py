@@ -91,6 +91,10 @@ class SlotKV:
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.gathered = torch.empty(0, dtype=dtype, device=device)
+        """Room the decode rows of scattered slots gather their keys and values into, reused
+        by every layer and pass: a fresh tensor of a few MB per layer (long rows) would be
+        mapped and faulted in anew each time, which cost several times the attention itself."""
 
     @property
     def scratch(self) -> int:
@@ -118,9 +122,17 @@ class SlotKV:
                     store[layer] = grown
         self.slots, self.capacity = slots, capacity
 
+    def gather_room(self, elements: int) -> torch.Tensor:
+        """``gathered``, grown to at least ``elements`` (by half again, so growing is rare)."""
+        if self.gathered.numel() < elements:
+            size = max(elements, self.gathered.numel() * 3 // 2)
+            self.gathered = torch.empty(size, dtype=self.dtype, device=self.device)
+        return self.gathered
+
     def release(self) -> None:
         """Drop the buffers (the memory goes back at once); ``reserve`` makes new ones."""
         self.keys, self.values = [], []
+        self.gathered = self.gathered.new_empty(0)
         self.slots = self.capacity = 0
 
 
@@ -286,10 +298,11 @@ def attend(
         keys[slot, :, :end] = keys[source, :, :end]
         values[slot, :, :end] = values[source, :, :end]
     if not plan.prompts and len(plan.decodes) == 1:  # one group makes the whole pass
-        return decode_attention(query_N_H_D, keys, values, plan.decodes[0], scaling)
+        group = plan.decodes[0]
+        return decode_attention(query_N_H_D, keys, values, group, scaling, room=room(plan, group))
     out = query_N_H_D.new_empty(query_N_H_D.shape)
     for group in plan.decodes:
-        decode_attention(query_N_H_D, keys, values, group, scaling, out)
+        decode_attention(query_N_H_D, keys, values, group, scaling, out, room(plan, group))
     for offset, slot, start, count in plan.prompts:
         first = start
         while first < start + count:  # chunk by chunk, each causal over the slot before it
@@ -312,6 +325,14 @@ def attend(
     return out
 
 
+def room(plan: SlotPlan, group: DecodeGroup) -> torch.Tensor | None:
+    """Where ``group`` gathers its keys and values (None: it reads them in place)."""
+    if group.first_slot is not None:
+        return None
+    kv = plan.kv
+    return kv.gather_room(2 * len(group.tokens) * kv.kv_heads * group.keys * kv.head_dim)
+
+
 def decode_attention(
     query_N_H_D: torch.Tensor,
     keys: torch.Tensor,
@@ -319,10 +340,13 @@ def decode_attention(
     group: DecodeGroup,
     scaling: float,
     out: torch.Tensor | None = None,
+    room: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[rows, heads, dim]``: each row of ``group`` (its query among the pass's
     ``query_N_H_D``) attending over its slot in one layer's ``keys`` and ``values``; written
-    into ``out`` (``[N, heads, dim]``, at the group's tokens) when given.
+    into ``out`` (``[N, heads, dim]``, at the group's tokens) when given. Rows in scattered
+    slots gather their keys and values into ``room`` (flat, at least twice their size) when
+    given, else into new tensors.
 
     Three ops over a batch of ``rows * kv_heads`` small matrices: scores scaled and masked in
     one product (``baddbmm``), their softmax, the values' product.
@@ -335,8 +359,14 @@ def decode_attention(
         k = keys[group.first_slot : group.first_slot + rows, :, :keys_read]
         v = values[group.first_slot : group.first_slot + rows, :, :keys_read]
     else:
-        k = keys[:, :, :keys_read].index_select(0, group.slots)
-        v = values[:, :, :keys_read].index_select(0, group.slots)
+        shape = (rows, kv_heads, keys_read, dim)
+        if room is None:
+            k, v = (torch.empty(shape, dtype=keys.dtype, device=keys.device) for _ in "kv")
+        else:
+            size = rows * kv_heads * keys_read * dim
+            k, v = room[:size].view(shape), room[size : 2 * size].view(shape)
+        torch.index_select(keys[:, :, :keys_read], 0, group.slots, out=k)
+        torch.index_select(values[:, :, :keys_read], 0, group.slots, out=v)
     k, v = k.reshape(batch, keys_read, dim), v.reshape(batch, keys_read, dim)
     scores = torch.baddbmm(group.mask, q, k.transpose(1, 2), alpha=scaling)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
