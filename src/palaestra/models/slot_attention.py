@@ -19,7 +19,9 @@ which transformers hands to every attention layer; a Llama-family model's pass w
 
 Every row gets the same arithmetic whatever else is in the pass, so a seeded request draws the
 same tokens alone or in a crowd (the endpoint's scores repeat):
-- a prompt's attention runs for that prompt alone;
+- a prompt's attention runs for that prompt alone, in chunks of ``PREFIX_CHUNK`` positions,
+  so a prefix of whole chunks has the same keys and values in every prompt that starts
+  with it (``Segment.prefix_from`` copies them rather than computing them again);
 - decode rows share attention calls written as two batched products and a softmax (the scores'
   scaling and mask folded into the first product), whose per-row results do not depend on how
   many rows share them (the fused kernel's do: it splits work by the batch's size). The plan
