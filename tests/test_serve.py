@@ -186,6 +186,11 @@ def test_concurrent_requests_share_generation_passes(client, endpoint):
     # the longest reply, plus a few while the requests arrive.
     tokens = sum(reply.usage.completion_tokens for reply in replies)
     assert after["passes"] - before["passes"] <= tokens / 2, tokens
+    # The same prompt eight times: a request that joins another (in the same pass, or while
+    # it generates) copies the whole 16-token chunks of the prompt from its slot.
+    chunks = (replies[0].usage.prompt_tokens - 1) // 16 * 16
+    copied = after["prefix_tokens"] - before["prefix_tokens"]
+    assert chunks > 0 and copied % chunks == 0 and chunks <= copied <= 7 * chunks, copied
 
 
 @pytest.mark.parametrize(

@@ -190,7 +190,13 @@ def create_app(
         if state.served is None:
             return JSONResponse({"status": "loading", "model": state.name}, status_code=503)
         batcher = state.served.batcher
-        return {"status": "ok", "model": state.name, "passes": batcher.passes, "rows": batcher.rows}
+        return {
+            "status": "ok",
+            "model": state.name,
+            "passes": batcher.passes,
+            "rows": batcher.rows,
+            "prefix_tokens": batcher.prefix_tokens,
+        }
 
     @app.get("/v1/models")
     async def models():

@@ -49,6 +49,12 @@ class Batcher:
         return self.decoder.rows
 
     @property
+    def prefix_tokens(self) -> int:
+        """Prompt tokens copied from another prompt in the cache rather than computed (0 for
+        a decoder without a slot cache)."""
+        return getattr(self.decoder, "prefix_tokens", 0)
+
+    @property
     def last_pass_s(self) -> float:
         """How long the latest pass took."""
         return self.decoder.last_step_s
