@@ -361,12 +361,10 @@ def decode_attention(
         k = keys[group.first_slot : group.first_slot + rows, :, :keys_read]
         v = values[group.first_slot : group.first_slot + rows, :, :keys_read]
     else:
-        shape = (rows, kv_heads, keys_read, dim)
+        shape, size = (rows, kv_heads, keys_read, dim), rows * kv_heads * keys_read * dim
         if room is None:
-            k, v = (torch.empty(shape, dtype=keys.dtype, device=keys.device) for _ in "kv")
-        else:
-            size = rows * kv_heads * keys_read * dim
-            k, v = room[:size].view(shape), room[size : 2 * size].view(shape)
+            room = keys.new_empty(2 * size)
+        k, v = room[:size].view(shape), room[size : 2 * size].view(shape)
         torch.index_select(keys[:, :, :keys_read], 0, group.slots, out=k)
         torch.index_select(values[:, :, :keys_read], 0, group.slots, out=v)
     k, v = k.reshape(batch, keys_read, dim), v.reshape(batch, keys_read, dim)

@@ -509,6 +509,8 @@ class PassDecoder:
         self.waiting: deque[tuple[object, Future]] = deque()
         self.steps = 0
         self.rows = 0
+        self.prefix_tokens = 0
+        """Always 0: padded passes share no prompt prefixes."""
         self.last_step_s = 0.0
 
     @property

@@ -50,9 +50,8 @@ class Batcher:
 
     @property
     def prefix_tokens(self) -> int:
-        """Prompt tokens copied from another prompt in the cache rather than computed (0 for
-        a decoder without a slot cache)."""
-        return getattr(self.decoder, "prefix_tokens", 0)
+        """Prompt tokens copied from another prompt in the cache rather than computed."""
+        return self.decoder.prefix_tokens
 
     @property
     def last_pass_s(self) -> float:
