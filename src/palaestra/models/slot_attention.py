@@ -26,10 +26,11 @@ same tokens alone or in a crowd (the endpoint's scores repeat):
   scaling and mask folded into the first product), whose per-row results do not depend on how
   many rows share them (the fused kernel's do: it splits work by the batch's size). The plan
   puts decode rows first in the pass, ordered by their groups, so a group's queries and
-  outputs are a slice of the pass's, not a gather. A row reads its slot's keys up to its
-  length rounded up to ``KEY_BLOCK`` positions, the ones past its length masked out, so rows
-  whose lengths round alike share a call (one call per block count in the pass) while each
-  row's shapes depend on its own length only;
+  outputs are a slice of the pass's, not a gather. A row reads its slot's keys in whole
+  ``KEY_BLOCK``s, the ones past its length masked out; rows share a call over the longest
+  one's blocks where they are at most ``MERGE_BLOCKS`` shorter, since padding a row's keys
+  with masked ones changes none of its bits (``pads_exactly`` checks that once per dtype on
+  the machine; where it fails, only rows whose lengths round to the same blocks share);
 - the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
   since a one-row product takes another kernel than a many-row one. That padding costs a lone
   row about 2.5x its time (the one-row kernel is the fastest per row), so the engine asks for
@@ -40,6 +41,7 @@ same tokens alone or in a crowd (the endpoint's scores repeat):
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +63,13 @@ and gets the same bits it would have computed."""
 KEY_BLOCK = 64
 """A decode row attends over its keys in whole blocks of this many positions (the masked tail
 included), and slots hold a whole number of blocks."""
+
+MERGE_BLOCKS = 4
+"""Decode rows attend in one call with a row up to this many key blocks longer than theirs
+(where ``pads_exactly``). Each call has a fixed cost per layer (three products and a softmax
+over batches of small matrices, a gather where slots are scattered) that a few masked blocks
+more per row stay under at SmolLM2's sizes; past a few blocks, one long row would make every
+short one read its length."""
 
 
 def bucket(rows: int) -> int:
@@ -189,6 +198,9 @@ class SlotPlan:
     min_rows: int = MIN_ROWS
     """Fewest token rows (and logit rows) in the pass. Either count is padded up to its
     ``bucket`` in any case."""
+    merge_blocks: int = MERGE_BLOCKS
+    """How many key blocks shorter than a group's longest row a decode row may be to join its
+    call (0: only rows of the same blocks share one)."""
     input_ids: torch.Tensor = field(init=False)
     position_ids: torch.Tensor = field(init=False)
     last_token: torch.Tensor = field(init=False)
@@ -215,51 +227,55 @@ class SlotPlan:
         if padding > 0:
             segments.append(Segment(self.kv.scratch, 0, [0] * padding))
 
-        scratch = self.kv.scratch
+        scratch, kv = self.kv.scratch, self.kv
+        reach = self.merge_blocks if pads_exactly(kv.dtype, str(kv.device)) else 0
 
-        def decoding(segment: Segment) -> bool:
-            return len(segment.tokens) == 1 and segment.slot != scratch
+        def blocks(segment: Segment) -> int:
+            return segment.start // KEY_BLOCK + 1
 
-        def order(segment: Segment) -> tuple[int, int, int]:
-            """Decode rows first, by key blocks, so that each group is a run of the pass's
-            tokens; then the prompts by slot; the padding (the scratch slot's) last."""
-            if decoding(segment):
-                return (0, segment.start // KEY_BLOCK, segment.slot)
-            return (1, 0, segment.slot)
-
-        segments.sort(key=order)
-        self.segments = segments
-        self.copies = [(s.slot, s.copies, s.start + len(s.tokens)) for s in segments if s.copies]
+        # Decode rows first, in groups that each make a run of the pass's tokens, longest rows
+        # first, by slot within a group; then the prompts by slot; the padding (the scratch
+        # slot's) last.
+        groups: list[list[Segment]] = []
+        rows = [s for s in segments if len(s.tokens) == 1 and s.slot != scratch]
+        for segment in sorted(rows, key=lambda s: (-blocks(s), s.slot)):
+            if groups and blocks(groups[-1][0]) - blocks(segment) <= reach:
+                groups[-1].append(segment)
+            else:
+                groups.append([segment])
+        for group in groups:
+            group.sort(key=lambda s: s.slot)
+        decoding = {id(s) for s in rows}
+        others = sorted((s for s in segments if id(s) not in decoding), key=lambda s: s.slot)
+        self.segments = [s for group in groups for s in group] + others
+        self.copies = [(s.slot, s.copies, s.start + len(s.tokens)) for s in others if s.copies]
         tokens, positions, slots, last = [], [], [], []
         self.prompts = []
-        by_blocks: dict[int, list[tuple[int, Segment]]] = {}
-        for segment in segments:
+        for segment in self.segments:
             offset, count = len(tokens), len(segment.tokens)
             tokens += segment.tokens
             positions += range(segment.start, segment.start + count)
             slots += [segment.slot] * count
             last.append(offset + count - 1)
-            if decoding(segment):
-                blocks = segment.start // KEY_BLOCK + 1
-                by_blocks.setdefault(blocks, []).append((offset, segment))
-            else:
+            if id(segment) not in decoding:
                 self.prompts.append((offset, segment.slot, segment.start, count))
-        device, kv = self.kv.device, self.kv
-        self.decodes = []
-        for blocks, rows in by_blocks.items():
-            keys = blocks * KEY_BLOCK
-            held = [segment.slot for _, segment in rows]
+        device = kv.device
+        self.decodes, first = [], 0
+        for group in groups:
+            keys = max(map(blocks, group)) * KEY_BLOCK
+            held = [segment.slot for segment in group]
             consecutive = held == list(range(held[0], held[0] + len(held)))
-            lengths = [segment.start + 1 for _, segment in rows]
+            lengths = [segment.start + 1 for segment in group]
             self.decodes.append(
                 DecodeGroup(
-                    range(rows[0][0], rows[-1][0] + 1),
+                    range(first, first + len(group)),
                     torch.tensor(held, device=device),
                     keys,
                     decode_mask(lengths, keys, kv.kv_heads, kv.dtype, device),
                     held[0] if consecutive else None,
                 )
             )
+            first += len(group)
         self.input_ids = torch.tensor([tokens], device=device)
         self.position_ids = torch.tensor([positions], device=device)
         self.slot_index = torch.tensor(slots, device=device)
@@ -375,6 +391,38 @@ def decode_attention(
     target = out[group.tokens.start : group.tokens.stop]
     torch.bmm(weights, v, out=target.view(batch, -1, dim))
     return target
+
+
+@functools.cache
+def pads_exactly(dtype: torch.dtype, device: str = "cpu") -> bool:
+    """Whether a decode row's attention gives the same bits over its own key blocks as over
+    more blocks with the extra keys masked, beside other rows: then rows of different lengths
+    may share a call and a seeded reply still repeats whatever shares its passes. Checked once
+    per dtype and device with this machine's kernels (it holds where each score is a dot
+    product over the head's dimension, and a masked key adds an exact zero to the softmax's
+    sum and to the values' product)."""
+    generator = torch.Generator().manual_seed(0)
+    kv_heads, heads, dim = 2, 6, 64
+    shape = (4, kv_heads, 8 * KEY_BLOCK, dim)
+    keys = torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+    values = torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+    query = torch.randn(3, heads, dim, generator=generator).to(device=device, dtype=dtype)
+
+    def attention(lengths: list[int], keys_read: int) -> torch.Tensor:
+        mask = decode_mask(lengths, keys_read, kv_heads, dtype, keys.device)
+        slots = torch.arange(1, len(lengths) + 1, device=keys.device)
+        group = DecodeGroup(range(len(lengths)), slots, keys_read, mask, first_slot=1)
+        return decode_attention(query[: len(lengths)], keys, values, group, dim**-0.5)
+
+    for length in (5, KEY_BLOCK, KEY_BLOCK + 7, 3 * KEY_BLOCK - 1):
+        own = -(-length // KEY_BLOCK) * KEY_BLOCK
+        alone = attention([length], own)
+        for more in (1, 2, 5):
+            keys_read = own + more * KEY_BLOCK
+            beside = attention([length, keys_read, keys_read - 3], keys_read)
+            if not torch.equal(beside[:1], alone):
+                return False
+    return True
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
