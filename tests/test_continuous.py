@@ -272,9 +272,7 @@ def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(e
     assert [g.first_slot for g in plan.decodes] == [1]
 
 
-def test_rows_a_few_blocks_apart_share_a_call_and_keep_the_bits_each_has_alone(
-    engine, monkeypatch
-):
+def test_rows_a_few_blocks_apart_share_a_call_and_keep_the_bits_each_has_alone(engine, monkeypatch):
     from palaestra.models import slot_attention
     from palaestra.models.slot_attention import MERGE_BLOCKS, attend
 
@@ -288,7 +286,9 @@ def test_rows_a_few_blocks_apart_share_a_call_and_keep_the_bits_each_has_alone(
     # Slot 0 is 7 blocks long, slot 2 is 5 (within MERGE_BLOCKS of 7), slot 1 is 1 (not).
     starts = {0: 6 * KEY_BLOCK + 3, 2: 4 * KEY_BLOCK + 10, 1: 30}
     assert 7 - 5 <= MERGE_BLOCKS < 7 - 1
-    token = {slot: torch.randn(heads + 2 * kv.kv_heads, dim, generator=generator) for slot in starts}
+    token = {
+        slot: torch.randn(heads + 2 * kv.kv_heads, dim, generator=generator) for slot in starts
+    }
 
     def attended(slots: list[int], **plan_fields) -> tuple[dict[int, torch.Tensor], SlotPlan]:
         for store, kept in zip(kv.keys + kv.values, filled, strict=True):
