@@ -1,0 +1,112 @@
+"""Where one decode pass of the torch engine's fused pass goes: the products, and the rest.
+
+    python bench/decode_pass.py [--rows 8] [--length 100] [--spread 8] [--repeats 40]
+
+The pass a running decoder makes once its rows are past their prompts: ``--rows`` rows of
+SmolLM2-135M-Instruct in float32, each decoding one token, in consecutive slots, at lengths
+``length, length + spread, ...`` (so they attend over different numbers of keys), their slots
+filled with random keys and values. ``FusedPass.forward`` runs that pass ``--repeats`` times
+after warm-up; the median is the pass. It runs as many times again with a clock around each
+product with the weights: in each run, the products' sum, and the run less them, the rest
+(norms, rotary, attention over the cache, the ops between them), each op as it runs in a
+pass, after the weights streaming through the products have evicted the caches. Both are
+medians over those runs.
+
+The work is fixed (no sampling, no replies that differ from one version to the next), so two
+versions of the code can be compared on it, one run of each in turn. Prints a markdown table,
+then JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_ms(run: Callable[[], object], repeats: int) -> float:
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    from palaestra import SmolLM2_135M
+    from palaestra.models import fused_pass, slot_attention
+    from palaestra.models.loading import load_causal_lm
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--length", type=int, default=100, help="the first row's length")
+    parser.add_argument("--spread", type=int, default=8, help="between consecutive rows")
+    parser.add_argument("--repeats", type=int, default=40)
+    args = parser.parse_args()
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = SmolLM2_135M()
+    model = load_causal_lm(config.weights_path(), torch.float32, "cpu", config.revision).eval()
+    fused = fused_pass.fused_pass(model)
+    if fused is None:
+        raise SystemExit("no fused pass on this machine (packed products unavailable)")
+    lengths = [args.length + i * args.spread for i in range(args.rows)]
+    kv = slot_attention.SlotKV(model.config, torch.float32, torch.device("cpu"))
+    kv.reserve(args.rows, max(lengths) + 1)
+    generator = torch.Generator().manual_seed(0)
+    for store in kv.keys + kv.values:
+        store.copy_(torch.randn(store.shape, generator=generator))
+    # Row i sits in slot i; its token is written at position length - 1.
+    segments = [slot_attention.Segment(i, n - 1, [100 + i]) for i, n in enumerate(lengths)]
+    plan = slot_attention.SlotPlan(kv, segments)
+
+    whole = median_ms(lambda: fused.forward(plan), args.repeats)
+    product, spent = fused_pass.product, [0.0]
+
+    def timed(packed, bias, x):
+        started = time.perf_counter()
+        out = product(packed, bias, x)
+        spent[0] += time.perf_counter() - started
+        return out
+
+    def split() -> tuple[float, float]:
+        """(products, rest) of one pass, in ms."""
+        spent[0] = 0.0
+        started = time.perf_counter()
+        fused.forward(plan)
+        return spent[0] * 1e3, (time.perf_counter() - started - spent[0]) * 1e3
+
+    fused_pass.product = timed
+    try:
+        for _ in range(3):
+            split()
+        runs = [split() for _ in range(args.repeats)]
+    finally:
+        fused_pass.product = product
+    products = statistics.median(p for p, _ in runs)
+    rest = statistics.median(r for _, r in runs)
+    report = {
+        "rows": args.rows,
+        "lengths": lengths,
+        "attention_groups": len(plan.decodes),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "pass_ms": round(whole, 2),
+        "products_ms": round(products, 2),
+        "rest_ms": round(rest, 2),
+    }
+    print("| pass | products | rest |\n|---:|---:|---:|")
+    print(f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms |")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
