@@ -108,7 +108,7 @@ def plain_generate(model, tokenizer, max_tokens: int) -> Mode:
 
 
 def engine_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
-    from palaestra.rollout import GenerationRequest, SamplingParams
+    from palaestra.engine import GenerationRequest, SamplingParams
 
     def run(requests: list[Request]) -> int:
         # At most ``concurrency`` rows generate at once; the next request joins the moment one
@@ -129,7 +129,7 @@ def engine_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
 
 
 def vllm_mode(name: str, engine, max_tokens: int, concurrency: int) -> Mode:
-    from palaestra.rollout import GenerationRequest, SamplingParams
+    from palaestra.engine import GenerationRequest, SamplingParams
 
     def run(requests: list[Request]) -> int:
         batch = [
@@ -216,8 +216,8 @@ def main() -> None:
     import transformers
 
     from palaestra import Endpoint, SmolLM2_135M
+    from palaestra.engine.torch_engine import TorchEngine
     from palaestra.models.loading import load_causal_lm, load_tokenizer
-    from palaestra.rollout import TorchEngine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
@@ -252,7 +252,7 @@ def main() -> None:
 
     vllm_engines = []
     for dtype in filter(None, args.vllm.split(",")):
-        from palaestra.rollout.vllm_engine import VLLMEngine
+        from palaestra.engine.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(
             weights, tokenizer, dtype=dtype, max_model_len=1024, max_num_seqs=args.concurrency

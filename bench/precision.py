@@ -59,9 +59,10 @@ def precision_report(
     from palaestra import HuggingFaceDataset, builtin_dataset
     from palaestra.algo.advantages import compute_advantages
     from palaestra.algo.losses import LossScale, aggregate, ppo_clip_loss
+    from palaestra.engine import SamplingParams
+    from palaestra.engine.torch_engine import TorchEngine
     from palaestra.recipes import Recipe
     from palaestra.rewards.haiku import score_haiku
-    from palaestra.rollout import SamplingParams, TorchEngine
     from palaestra.rollout.prompts import prepare_prompts
     from palaestra.rollout.single_turn import group_seed, single_turn
     from palaestra.train.batch import build_train_batch

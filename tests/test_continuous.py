@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.models.slot_attention import (
+from palaestra.engine import GenerationRequest, SamplingParams
+from palaestra.engine.slot_attention import (
     KEY_BLOCK,
     MIN_ROWS,
     Segment,
@@ -19,7 +20,7 @@ from palaestra.models.slot_attention import (
     SlotPlan,
     bucket,
 )
-from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
+from palaestra.engine.torch_engine import TorchEngine
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,7 @@ def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_decode_rows(engi
 
 
 def _group(tokens: range, slots: list[int], keys: int, lengths: list[int], kv_heads: int, **kw):
-    from palaestra.models.slot_attention import DecodeGroup, decode_mask
+    from palaestra.engine.slot_attention import DecodeGroup, decode_mask
 
     mask = decode_mask(lengths, keys, kv_heads, torch.float32, torch.device("cpu"))
     return DecodeGroup(tokens, torch.tensor(slots), keys, mask, **kw)
@@ -211,7 +212,7 @@ def _group(tokens: range, slots: list[int], keys: int, lengths: list[int], kv_he
 def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
     """The masked tail of a row's key block changes nothing while it holds finite numbers (the
     cache's new room is zeros: a NaN key or value there would survive its zero weight)."""
-    from palaestra.models.slot_attention import decode_attention
+    from palaestra.engine.slot_attention import decode_attention
 
     generator = torch.Generator().manual_seed(0)
     keys = torch.randn(3, 2, KEY_BLOCK, 8, generator=generator)
@@ -243,7 +244,7 @@ def test_a_decode_row_ignores_what_its_slot_holds_past_its_length(engine):
 
 
 def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(engine):
-    from palaestra.models.slot_attention import decode_attention
+    from palaestra.engine.slot_attention import decode_attention
 
     generator = torch.Generator().manual_seed(1)
     keys = torch.randn(6, 2, 3 * KEY_BLOCK, 8, generator=generator)
@@ -273,8 +274,8 @@ def test_rows_in_consecutive_slots_read_their_keys_in_place_with_the_same_bits(e
 
 
 def test_rows_a_few_blocks_apart_share_a_call_and_keep_the_bits_each_has_alone(engine, monkeypatch):
-    from palaestra.models import slot_attention
-    from palaestra.models.slot_attention import MERGE_BLOCKS, attend
+    from palaestra.engine import slot_attention
+    from palaestra.engine.slot_attention import MERGE_BLOCKS, attend
 
     generator = torch.Generator().manual_seed(2)
     kv = SlotKV(engine.model.config, torch.float32, torch.device("cpu"))
@@ -314,7 +315,7 @@ def test_rows_a_few_blocks_apart_share_a_call_and_keep_the_bits_each_has_alone(e
 
 
 def test_a_short_row_beside_a_long_one_draws_what_it_draws_alone(engine, tokenizer, monkeypatch):
-    from palaestra.models import slot_attention
+    from palaestra.engine import slot_attention
 
     merged = []
     decode_attention = slot_attention.decode_attention
@@ -358,7 +359,7 @@ def test_growing_the_cache_keeps_what_the_slots_hold(engine):
 
 
 def test_packed_linears_match_the_module_s_and_leave_it_as_it_was(engine):
-    from palaestra.models.packed_linear import packed_linears
+    from palaestra.engine.packed_linear import packed_linears
 
     model = engine.model
     packed = packed_linears(model)
@@ -390,7 +391,7 @@ def test_without_packed_weights_a_seeded_row_is_padded_and_still_repeats(
 
 
 def test_a_prompt_prefilled_in_two_parts_scores_as_in_one(engine):
-    from palaestra.models.slot_attention import forward
+    from palaestra.engine.slot_attention import forward
 
     model, ids = engine.model, [3, 5, 7, 9, 11, 13, 2, 4]
     kv = SlotKV(model.config, torch.float32, torch.device("cpu"))
@@ -407,8 +408,8 @@ def test_a_prompt_prefilled_in_two_parts_scores_as_in_one(engine):
 def test_a_prompt_copies_the_whole_chunks_it_shares_and_draws_what_it_draws_alone(
     engine, tokenizer
 ):
-    from palaestra.models.slot_attention import PREFIX_CHUNK
-    from palaestra.rollout.torch_engine import shared_prefix
+    from palaestra.engine.slot_attention import PREFIX_CHUNK
+    from palaestra.engine.slot_decoder import shared_prefix
 
     system = tokenizer("You are a terse poet. " * 6, add_special_tokens=False).input_ids
     other = tokenizer("Answer in French, briefly. " * 6, add_special_tokens=False).input_ids

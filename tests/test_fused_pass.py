@@ -8,11 +8,11 @@ import torch
 import transformers
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.models.fused_pass import FusedPass, fits, fused_pass
-from palaestra.models.packed_linear import available
-from palaestra.models.slot_attention import Segment, SlotKV, SlotPlan
-from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
-from palaestra.rollout.torch_engine import sampling_copy
+from palaestra.engine import GenerationRequest, SamplingParams
+from palaestra.engine.fused_pass import FusedPass, fits, fused_pass
+from palaestra.engine.packed_linear import available
+from palaestra.engine.slot_attention import Segment, SlotKV, SlotPlan
+from palaestra.engine.torch_engine import TorchEngine, sampling_copy
 
 pytestmark = pytest.mark.skipif(
     not available(torch.zeros(1)), reason="oneDNN's packed product is not available here"

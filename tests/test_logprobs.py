@@ -12,10 +12,11 @@ import torch
 from conftest import build_tiny_model, build_tokenizer
 from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.algo.losses import LossScale, aggregate, ppo_clip_loss, token_entropy, token_logprobs
+from palaestra.engine import SamplingParams
+from palaestra.engine.sampling import inverse_cdf, sample_next_tokens
+from palaestra.engine.torch_engine import TorchEngine
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
-from palaestra.rollout import SamplingParams, TorchEngine
-from palaestra.rollout.sampling import inverse_cdf, sample_next_tokens
 from palaestra.train.batch import build_train_batch
 from palaestra.train.learner import Learner
 from palaestra.train.scoring import score_tokens

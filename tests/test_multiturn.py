@@ -16,9 +16,11 @@ import torch
 
 from conftest import build_tiny_model, build_tokenizer
 from palaestra import EvalConfig, LocalDataset, Recipe, RunFailedError, TrainingRun
+from palaestra.engine import SamplingParams
+from palaestra.engine.torch_engine import TorchEngine
 from palaestra.launch.worker import execute
-from palaestra.rollout import SamplingParams, TorchEngine
-from palaestra.rollout.multi_turn import EpisodeError, MultiTurnRollout
+from palaestra.rollout.episode import EpisodeError
+from palaestra.rollout.multi_turn import MultiTurnRollout
 from palaestra.rollout.tools import ToolError
 from palaestra.runs.directory import RunDirectory
 from palaestra.runs.registry import list_run_ids

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from palaestra.backends.ray_setup import OverlayImage, runtime_env_of
 from palaestra.cli import main
+from palaestra.launch.checks import OverlayImage, runtime_env_of
 from palaestra.recipes import Recipe, RecipeNotRunnableError
 from palaestra.runs.handles import RunFailedError
 from test_multiturn import LowercaseGame
@@ -259,7 +259,7 @@ def test_without_ray_installed_the_error_names_the_extra(tmp_path):
     script = (
         "import sys; sys.modules['ray'] = None\n"  # what an environment without ray sees
         "from palaestra.recipes import Recipe\n"
-        "from palaestra.backends.ray_setup import check_ray_here, import_ray\n"
+        "from palaestra.launch.checks import check_ray_here, import_ray\n"
         "recipe = Recipe(backend='ray', custom_rm_function='palaestra.rewards.haiku:haiku_rm')\n"
         "for call in (lambda: check_ray_here(recipe), import_ray):\n"
         "    try:\n"

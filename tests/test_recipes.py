@@ -178,7 +178,7 @@ def test_vllm_engine_is_refused_with_what_to_install_or_change(monkeypatch):
 
 
 def test_gpus_divide_into_one_learner_gpu_and_one_engine_per_other_gpu():
-    from palaestra.backends.ray_setup import GpuLayout, gpu_layout
+    from palaestra.launch.checks import GpuLayout, gpu_layout
 
     assert gpu_layout(Recipe()) == GpuLayout(learner=0.0, workers=1, per_worker=0.0)
     # One GPU: learner and engine share it (half each in Ray's accounting).

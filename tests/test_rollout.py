@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from conftest import build_tiny_model, build_tokenizer
-from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
-from palaestra.rollout.sampling import nucleus
+from palaestra.engine import GenerationRequest, SamplingParams
+from palaestra.engine.sampling import nucleus
+from palaestra.engine.torch_engine import TorchEngine
 
 # Float32 throughout; batched and unbatched passes differ only in summation order.
 LOGPROB_TOLERANCE = 1e-4

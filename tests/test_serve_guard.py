@@ -205,7 +205,7 @@ def endless_dir(tmp_path_factory):
 
 
 def short_request(prompt, tag: int = 0, max_tokens: int = 1):
-    from palaestra.rollout import GenerationRequest, SamplingParams
+    from palaestra.engine import GenerationRequest, SamplingParams
 
     return GenerationRequest([*prompt, tag], 1, SamplingParams(max_tokens=max_tokens))
 
@@ -213,7 +213,7 @@ def short_request(prompt, tag: int = 0, max_tokens: int = 1):
 def test_a_cancelled_request_is_never_generated_if_its_pass_has_not_begun():
     import asyncio
 
-    from palaestra.rollout.torch_engine import PassDecoder
+    from palaestra.engine.padded_decoder import PassDecoder
     from palaestra.serve.batcher import Batcher
 
     gate, seen = threading.Event(), []
@@ -247,7 +247,8 @@ def test_a_cancelled_request_is_never_generated_if_its_pass_has_not_begun():
 def test_a_cancelled_request_stops_mid_pass_while_its_batch_goes_on(endless_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from palaestra.rollout import GenerationRequest, SamplingParams, TorchEngine
+    from palaestra.engine import GenerationRequest, SamplingParams
+    from palaestra.engine.torch_engine import TorchEngine
 
     model = AutoModelForCausalLM.from_pretrained(endless_dir)
     engine = TorchEngine(model, AutoTokenizer.from_pretrained(endless_dir))
@@ -279,8 +280,8 @@ def test_cancelling_a_request_in_its_pass_lets_the_next_one_run_at_once(endless_
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from palaestra.rollout import TorchEngine
-    from palaestra.rollout.torch_engine import PassDecoder
+    from palaestra.engine.padded_decoder import PassDecoder
+    from palaestra.engine.torch_engine import TorchEngine
     from palaestra.serve.batcher import Batcher
 
     model = AutoModelForCausalLM.from_pretrained(endless_dir)

@@ -53,7 +53,7 @@ def checkpoint(embedded, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(embedded, checkpoint):
-    from palaestra.rollout.vllm_engine import VLLMEngine
+    from palaestra.engine.vllm_engine import VLLMEngine
 
     _, tokenizer = embedded
     engine = VLLMEngine(str(checkpoint[0]), tokenizer, dtype="float32", max_model_len=512)
@@ -80,7 +80,7 @@ def float32_logprobs(model, prompt, completion, temperature):
 
 
 def test_seeded_sampling_repeats_and_samples_differ(engine, prompt):
-    from palaestra.rollout import SamplingParams
+    from palaestra.engine import SamplingParams
 
     params = SamplingParams(24, temperature=1.0, seed=7)
     first = engine.generate([prompt], 3, params)[0]
@@ -98,8 +98,8 @@ def test_seeded_sampling_repeats_and_samples_differ(engine, prompt):
 def test_processed_logprobs_match_a_float32_pass(engine, prompt, checkpoint):
     """At top_p 1 the processed log-probs are the temperature's; under a nucleus they are
     renormalised over the kept tokens: log p(token) - log(mass of the nucleus)."""
-    from palaestra.rollout import SamplingParams
-    from palaestra.rollout.sampling import nucleus
+    from palaestra.engine import SamplingParams
+    from palaestra.engine.sampling import nucleus
 
     model = checkpoint[1]
     for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.8)):
@@ -118,8 +118,9 @@ def test_processed_logprobs_match_a_float32_pass(engine, prompt, checkpoint):
 def test_weight_sync_changes_what_vllm_samples(engine, prompt, embedded, checkpoint):
     """Greedy output equals the learner's own greedy output before and after an update; the
     first comparison is also the checkpoint folder's interop: vLLM opened it as it is."""
+    from palaestra.engine import SamplingParams
+    from palaestra.engine.torch_engine import TorchEngine
     from palaestra.models.loading import load_causal_lm
-    from palaestra.rollout import SamplingParams, TorchEngine
 
     path, tokenizer = embedded
     learner = load_causal_lm(str(checkpoint[0]), torch.float32)
@@ -194,10 +195,11 @@ def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedde
 def test_a_lora_policy_samples_as_a_lora_request(embedded, prompt):
     """The learner's adapters, loaded as a LoRA request over vLLM's base: greedy output
     equals the peft policy's own, for fresh adapters (a no-op) and after two updates."""
+    from palaestra.engine import SamplingParams
+    from palaestra.engine.torch_engine import TorchEngine
+    from palaestra.engine.vllm_engine import VLLMEngine
     from palaestra.models.loading import load_causal_lm
     from palaestra.recipes import Recipe
-    from palaestra.rollout import SamplingParams, TorchEngine
-    from palaestra.rollout.vllm_engine import VLLMEngine
     from palaestra.train.lora import apply_lora
 
     path, tokenizer = embedded

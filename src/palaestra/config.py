@@ -69,7 +69,7 @@ class TrainConfig(BaseModel):
         recipe against this machine, the dataset's columns, the model's and checkpoint's files."""
         check_runnable_here(self.recipe)
         if self.recipe.backend == "ray" or self.recipe.rollout_num_gpus > 1:
-            from palaestra.backends.ray_setup import check_ray_here, gpu_layout
+            from palaestra.launch.checks import check_ray_here, gpu_layout
 
             check_ray_here(self.recipe)  # Ray installed, its address answering, overlay mapped
             gpu_layout(self.recipe)  # the GPUs divide among the actors

@@ -401,7 +401,7 @@ class RecipeNotRunnableError(ValueError):
 
 def check_runnable_here(recipe: Recipe) -> None:
     """Fail before launching when this machine cannot run ``recipe`` (the Ray backend's own
-    checks are ``backends.ray_setup.check_ray_here``)."""
+    checks are ``launch.checks.check_ray_here``)."""
     if recipe.image_overlay is not None and recipe.backend == "local":
         raise RecipeNotRunnableError(
             "image_overlay customises a cloud container image, but the local backend trains in "

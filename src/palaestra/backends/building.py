@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from palaestra.checkpoints import has_optimizer_state
+from palaestra.engine import RolloutEngine
+from palaestra.engine.torch_engine import TorchEngine
 from palaestra.models.loading import compute_dtype, load_tokenizer
 from palaestra.rewards import RewardScorer
-from palaestra.rollout import RolloutEngine, TorchEngine
 from palaestra.rollout.demonstrations import DemonstrationSampler, demonstration
 from palaestra.rollout.multi_turn import MultiTurnRollout, RunArgs
 from palaestra.rollout.prompts import prepare_prompts
@@ -95,7 +96,7 @@ def engine_kind(recipe, device: str) -> str:
     build is faster per token but takes minutes to start: ask for it by name)."""
     if recipe.rollout_engine != "auto":
         return recipe.rollout_engine
-    from palaestra.rollout.vllm_engine import vllm_available
+    from palaestra.engine.vllm_engine import vllm_available
 
     return "vllm" if device == "cuda" and vllm_available() else "torch"
 
@@ -108,7 +109,7 @@ def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) 
     device = device_of(config)
     dtype = compute_dtype(recipe.precision, device)
     if engine_kind(recipe, device) == "vllm":
-        from palaestra.rollout.vllm_engine import VLLMEngine
+        from palaestra.engine.vllm_engine import VLLMEngine
 
         return VLLMEngine(
             weights,

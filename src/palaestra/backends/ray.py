@@ -39,7 +39,7 @@ from palaestra.backends.building import (
     prepare_data,
     tokenizer_of,
 )
-from palaestra.backends.ray_setup import check_address, gpu_layout, import_ray, runtime_env_of
+from palaestra.launch.checks import check_address, gpu_layout, import_ray, runtime_env_of
 from palaestra.models.loading import load_causal_lm, load_tokenizer
 from palaestra.recipes import RecipeNotRunnableError
 from palaestra.train.lora import apply_lora

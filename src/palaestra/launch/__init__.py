@@ -2,5 +2,6 @@
 
 ``process`` is the one helper that spawns and stops them (training runs and endpoint servers
 alike); ``training`` creates runs, starts their worker and holds TrainingRun, the handle that
-waits on, stops and resumes a run; ``worker`` is the training process itself.
+waits on, stops and resumes a run; ``worker`` is the training process itself; ``checks`` says,
+before anything starts, whether the Ray backend can run a recipe here (and lays out its GPUs).
 """

@@ -105,7 +105,7 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
 def backend_of(config):
     """The function that builds ``config``'s sampler and learner (``recipe.backend``; more
     than one GPU takes Ray's, a Ray instance of the run's own placing the learner and the
-    rollout workers on them: ``backends.ray_setup.gpu_layout``)."""
+    rollout workers on them: ``launch.checks.gpu_layout``)."""
     if config.recipe.backend == "ray" or config.recipe.rollout_num_gpus > 1:
         from palaestra.backends.ray import build_ray
 

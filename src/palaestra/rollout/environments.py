@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from palaestra.models.parsing import parse_response
-from palaestra.rollout.multi_turn import EpisodeError, Turn, current_episode
+from palaestra.rollout.episode import EpisodeError, Turn, current_episode
 from palaestra.rollout.tools import call_tool, tool_schema
 from palaestra.rollout.transcript import Transcript
 from palaestra.types import Sample, Step

@@ -17,7 +17,6 @@ episode that ends drops out of the next call.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import hashlib
 import inspect
@@ -26,60 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.engine import GenerationRequest, RolloutEngine, SamplingParams
 from palaestra.rewards import RewardError, resolve_reward
-from palaestra.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from palaestra.rollout.environments import run_environment
+from palaestra.rollout.episode import Episode, EpisodeError, Turn, current_episode, episode_context
 from palaestra.rollout.single_turn import make_sample
 from palaestra.rollout.tools import tool_schema
 from palaestra.types import Completion, Prompt, Sample
 
 STATUSES = ("completed", "truncated", "aborted")
-
-
-class EpisodeError(RuntimeError):
-    """A multi-turn episode failed; the message names the episode, the turn and the function."""
-
-
-@dataclass
-class Turn:
-    """One reply of the model, as the engine sampled it."""
-
-    token_ids: list[int]
-    logprobs: list[float] | None
-    """The sampler's log-prob of each of ``token_ids`` (None: the engine keeps none)."""
-    text: str
-    finish_reason: str
-    """``"stop"``, ``"length"`` (``max_tokens`` or the context reached; no tokens at all when the
-    context was already full) or ``"abort"``."""
-
-
-@dataclass
-class Episode:
-    """Which episode a task runs, and how far it got: what errors and seeds are named by."""
-
-    position: int
-    """Its place in the step's samples (group after group)."""
-    prompt: Prompt
-    group_index: int
-    params: SamplingParams
-    turn: int = 0
-    """Engine calls made so far: the turn it is in."""
-
-    def describe(self) -> str:
-        return (
-            f"episode {self.position} (prompt {self.prompt.index}, sample {self.group_index}), "
-            f"turn {self.turn}"
-        )
-
-
-_EPISODE: contextvars.ContextVar[Episode] = contextvars.ContextVar("palaestra_episode")
-
-
-def current_episode() -> Episode:
-    """The episode the calling task runs."""
-    try:
-        return _EPISODE.get()
-    except LookupError:
-        raise RuntimeError("only an episode of a multi-turn rollout can ask for a turn") from None
 
 
 @dataclass
@@ -243,8 +197,6 @@ class MultiTurnRollout:
     def __init__(
         self, recipe, tokenizer, max_context: int | None = None, fn: Callable | None = None
     ) -> None:
-        from palaestra.rollout.environments import run_environment  # it imports this module
-
         self.recipe = recipe
         self.tokenizer = tokenizer
         limits = [n for n in (max_context, recipe.max_context_len) if n is not None]
@@ -291,8 +243,7 @@ class MultiTurnRollout:
                 episode = Episode(p * G + g, prompt, g, params)
                 blank = Completion([], "", "stop", None)
                 sample = make_sample(prompt, blank, g, step)
-                context = contextvars.copy_context()
-                context.run(_EPISODE.set, episode)
+                context = episode_context(episode)
                 coroutine = self._episode(args, sample, episode)
                 tasks[asyncio.create_task(coroutine, context=context)] = episode
         # Only custom functions get a round timeout: the built-in loop times each call itself.

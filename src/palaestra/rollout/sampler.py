@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from palaestra.algo.advantages import informative_groups
+from palaestra.engine import RolloutEngine, SamplingParams
 from palaestra.recipes import Recipe
 from palaestra.rewards import RewardScorer
-from palaestra.rollout import RolloutEngine, SamplingParams
 from palaestra.rollout.single_turn import RolloutFn, group_seed, single_turn
 from palaestra.types import Prompt, Rollout, Sample
 

@@ -15,7 +15,7 @@ import copy
 import hashlib
 from collections.abc import Callable
 
-from palaestra.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from palaestra.engine import GenerationRequest, RolloutEngine, SamplingParams
 from palaestra.types import Completion, Prompt, Sample
 
 RolloutFn = Callable[[RolloutEngine, list[Prompt], list[SamplingParams], int, int], list[Sample]]

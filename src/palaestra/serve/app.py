@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from palaestra.engine import GenerationRequest, SamplingParams
 from palaestra.models.config import ModelConfig
-from palaestra.rollout import GenerationRequest, SamplingParams
 from palaestra.serve.batcher import Batcher
 from palaestra.serve.guard import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -33,13 +33,8 @@ from palaestra.serve.guard import (
     error_body,
 )
 from palaestra.serve.streaming import EventStream, stream_requests
+from palaestra.serve.targets import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from palaestra.types import Completion
-
-DEFAULT_MAX_TOKENS = 512
-"""``max_tokens`` when a request leaves it out and the model sets no ``default_max_tokens``
-(bounded by the context left after the prompt)."""
-DEFAULT_TEMPERATURE = 1.0
-"""``temperature`` when a request leaves it out and the model sets no ``default_temperature``."""
 
 
 class APIError(Exception):

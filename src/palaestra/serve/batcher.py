@@ -19,7 +19,7 @@ import queue
 import threading
 from dataclasses import replace
 
-from palaestra.rollout import GenerationRequest
+from palaestra.engine import GenerationRequest
 from palaestra.types import Completion
 
 

@@ -7,10 +7,8 @@ helper that runs training (``palaestra.launch.process``).
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
-from pathlib import Path
 from typing import Any
 
 from palaestra.checkpoints import Checkpoint, check_model_folder
@@ -26,6 +24,7 @@ from palaestra.runs.endpoints import (
 from palaestra.runs.liveness import pid_alive
 from palaestra.runs.logs import last_lines
 from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
+from palaestra.serve.targets import default_name
 from palaestra.serve.vllm_server import (
     VLLM_SERVER,
     choose_engine,
@@ -44,17 +43,6 @@ class EndpointError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-def default_name(model: ModelConfig, checkpoint: Any = None) -> str:
-    """``<model>`` for the base model, ``<model>-<run id>-step<N>`` for a checkpoint."""
-    parts = [model.name]
-    if checkpoint is not None:
-        parts += [
-            checkpoint.run_id or Path(checkpoint.path).parent.parent.name,
-            f"step{checkpoint.step}",
-        ]
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-")
 
 
 class Endpoint:

@@ -15,28 +15,21 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
-from palaestra.checkpoints import (
-    Checkpoint,
-    adapter_base,
-    is_adapter_checkpoint,
-    is_model_folder,
-    read_info,
-)
-from palaestra.models.catalogue import find_catalogue_model
+from palaestra.checkpoints import Checkpoint, adapter_base, is_adapter_checkpoint
 from palaestra.models.config import ModelConfig
 from palaestra.serve.app import DEFAULT_MAX_QUEUED_REQUESTS, ServedModel, State, create_app
 from palaestra.serve.batcher import Batcher
 from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
+from palaestra.serve.targets import default_name, resolve_target
 
 
 def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> ServedModel:
     """The model's weights (the checkpoint's, if given) behind a batcher, ready to serve."""
     import torch
 
+    from palaestra.engine.torch_engine import TorchEngine
     from palaestra.models.loading import compute_dtype, load_causal_lm, load_tokenizer
-    from palaestra.rollout import TorchEngine
 
     weights = checkpoint or model.weights_path()
     tokenizer = load_tokenizer(weights, model.chat_template, model.revision)
@@ -108,31 +101,6 @@ def serve(
             sys.exit(1)
 
 
-def resolve_target(target: str) -> tuple[ModelConfig, str | None]:
-    """What ``palaestra serve TARGET`` serves: (model, checkpoint path or None).
-
-    A checkpoint folder (it has palaestra.json) serves its weights with its model's settings;
-    a model folder or a hub id serves as it is; a catalogue name (``SmolLM2-135M-Instruct`` or
-    ``SmolLM2_135M``) serves the catalogue's model.
-    """
-    path = Path(target).expanduser()
-    info = read_info(path) if path.is_dir() else {}
-    if info and is_model_folder(path):
-        try:
-            model = find_catalogue_model(str(info.get("model")))()
-        except (KeyError, ValueError):
-            model = ModelConfig.from_pretrained(path, name=info.get("model"))
-        return model, str(path)
-    if path.exists():
-        return ModelConfig.from_pretrained(path), None
-    try:
-        return find_catalogue_model(target)(), None
-    except (KeyError, ValueError):
-        if "/" in target:
-            return ModelConfig.from_pretrained(target), None
-        raise
-
-
 def serve_in_foreground(
     target: str,
     host: str,
@@ -145,7 +113,6 @@ def serve_in_foreground(
     """``palaestra serve``: serve ``target`` until Ctrl-C, listed among the endpoints."""
     from palaestra.runs.endpoints import endpoint_files, new_record
     from palaestra.runs.liveness import process_start_time
-    from palaestra.serve.endpoint import default_name
 
     model, checkpoint_path = resolve_target(target)
     checkpoint = Checkpoint.from_path(checkpoint_path) if checkpoint_path else None

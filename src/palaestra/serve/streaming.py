@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from palaestra.rollout import GenerationRequest
+from palaestra.engine import GenerationRequest
 from palaestra.serve.batcher import Batcher
 from palaestra.types import Completion
 

@@ -29,6 +29,12 @@ from palaestra.checkpoints import Checkpoint, adapter_base, adapter_rank, is_ada
 from palaestra.launch.process import process_record, stop_process
 from palaestra.models.config import ModelConfig
 from palaestra.runs.endpoints import endpoint_files, new_record
+from palaestra.serve.targets import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    default_name,
+    resolve_target,
+)
 
 VLLM_SERVER = "vllm.entrypoints.launchers.api_server.entry"
 """vLLM's OpenAI-compatible server, the one ``vllm serve`` starts. Not the ``vllm`` command
@@ -129,8 +135,6 @@ def _generation_args(model: ModelConfig) -> list[str]:
     """A request that leaves ``max_tokens`` or ``temperature`` out gets what the torch server
     gives it (the model's defaults, else palaestra's), not the folder's generation_config.json,
     so an eval scores the same model the same way on either engine."""
-    from palaestra.serve.app import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
-
     defaults = {
         "max_new_tokens": model.default_max_tokens or DEFAULT_MAX_TOKENS,
         "temperature": (
@@ -171,9 +175,6 @@ def serve_in_foreground(
     """``palaestra serve --engine vllm``: run vLLM's server on ``target`` until it exits, is
     stopped (``palaestra endpoint stop``) or Ctrl-C, listed among the endpoints meanwhile.
     Returns its exit status, 0 when it was asked to stop."""
-    from palaestra.serve.endpoint import default_name
-    from palaestra.serve.server import resolve_target
-
     model, checkpoint_path = resolve_target(target)
     checkpoint = Checkpoint.from_path(checkpoint_path) if checkpoint_path else None
     name = name or default_name(model, checkpoint)

@@ -10,7 +10,7 @@ from the learner's own recomputation is logged every step (``sampler_logprob_abs
 
 Weights arrive as the learner hands them over, a name -> tensor mapping and a version, and go
 into vLLM's model with its workers' own ``reload_weights``, called on each by ``collective_rpc``
-(``rollout/vllm_worker.py``): it maps Hugging Face names onto vLLM's fused layers and redoes
+(``engine/vllm_worker.py``): it maps Hugging Face names onto vLLM's fused layers and redoes
 whatever vLLM did to the weights after loading them (a CPU build repacks them for its kernels),
 except for an output head tied to the embeddings, which is refreshed after it; then the prefix
 cache, computed with the old weights, is dropped. Nothing goes through the disk. The engine
@@ -35,12 +35,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from palaestra.engine import GenerationRequest
 from palaestra.types import Completion
 
 VLLM_VERSION = "0.32.0"
 """The vLLM release this engine is tested with (the extras pin it)."""
 
-WORKER_EXTENSION = "palaestra.rollout.vllm_worker.WeightLoader"
+WORKER_EXTENSION = "palaestra.engine.vllm_worker.WeightLoader"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts as ``max_lora_rank``."""
 
@@ -148,8 +149,6 @@ class VLLMEngine:
 
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
-        from palaestra.rollout import GenerationRequest
-
         return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
 
     def update_weights(self, weights: Mapping[str, Any], version: int) -> None:

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from palaestra.models import slot_attention
+from palaestra.engine import slot_attention
+from palaestra.engine.packed_linear import available, pack, product
 from palaestra.models.lean_layers import ATTENTION_CLASSES, RMS_NORM_CLASSES, plain_swiglu
-from palaestra.models.packed_linear import available, pack, product
 
 CAUSAL_LM_CLASSES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
