@@ -366,6 +366,19 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_trust(args: argparse.Namespace) -> int:
+    from palaestra.runs.registry import runs_root
+    from palaestra.runs.trust import trust
+
+    pickled = runs_root() / args.run_id / "config.pkl"
+    if not pickled.is_file():
+        print(f"no run {args.run_id} with a config.pkl under {runs_root()}", file=sys.stderr)
+        return 1
+    trust(pickled)
+    print(f"run {args.run_id}: its config.pkl is now trusted by this home; resume() will load it")
+    return 0
+
+
 def cmd_run_export(args: argparse.Namespace) -> int:
     from palaestra.runs.export import export_text
 
@@ -533,6 +546,11 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run_id", metavar="ID")
     stop.add_argument("--timeout", type=float, default=60.0, help="seconds before forcing it")
     stop.set_defaults(handler=cmd_run_stop)
+    trust = runs.add_parser(
+        "trust", help="sign a run copied from elsewhere, so resuming it may run its code"
+    )
+    trust.add_argument("run_id", metavar="ID")
+    trust.set_defaults(handler=cmd_run_trust)
     export = runs.add_parser("export", help="a run's (or a group's) metrics as CSV or JSON Lines")
     export.add_argument("run_id", metavar="ID", help="a run id or a group id")
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="default csv")

@@ -21,6 +21,7 @@ from palaestra.runs.directory import FINAL_STATES, RunDirectory
 from palaestra.runs.handles import RunView, TrainResult, result_of
 from palaestra.runs.logs import new_lines
 from palaestra.runs.registry import list_run_ids, new_run_id, runs_root
+from palaestra.runs.trust import verify, write_signed
 
 if TYPE_CHECKING:
     from palaestra.config import TrainConfig
@@ -119,7 +120,7 @@ def create_run(config: TrainConfig) -> RunDirectory:
         ) from error
     run = RunDirectory(runs_root() / new_run_id(config.name or config.model.name))
     run.path.mkdir(parents=True)
-    (run.path / "config.pkl").write_bytes(pickled)
+    write_signed(run.path / "config.pkl", pickled)  # the worker loads only what this home signed
     write_json_atomic(
         run.path / "config.json",
         {"run_id": run.run_id, "created_at": time.time(), **config.to_json_dict()},
@@ -138,6 +139,7 @@ def spawn_worker(
     first (pending, old error cleared), so a second resume of the same run fails instead of
     starting a second process."""
     allowed = ("failed", "stopped") if resume else ("pending",)
+    verify(run.path / "config.pkl")  # a run folder copied from elsewhere fails here, not later
     run.update_status(
         expect=allowed, state="pending", pid=None, pid_start=None, error=None, traceback=None
     )

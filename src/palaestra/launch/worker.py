@@ -21,6 +21,7 @@ import cloudpickle
 
 from palaestra.runs.directory import RunDirectory
 from palaestra.runs.liveness import process_start_time
+from palaestra.runs.trust import read_signed
 
 
 class StopRequested(BaseException):
@@ -84,7 +85,7 @@ def execute(run: RunDirectory, config=None, resume: bool = False) -> None:
     )
     try:
         if config is None:
-            config = cloudpickle.loads((run.path / "config.pkl").read_bytes())
+            config = cloudpickle.loads(read_signed(run.path / "config.pkl"))
         run_training(config, run, backend_of(config), resume=resume)
     except (StopRequested, KeyboardInterrupt):
         print("palaestra: stopped", flush=True)

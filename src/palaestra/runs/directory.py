@@ -2,7 +2,8 @@
 
     <home>/runs/<run_id>/
       config.json      the resolved TrainConfig
-      config.pkl       the TrainConfig by value (cloudpickle), for the training process
+      config.pkl       the TrainConfig by value (cloudpickle), for the training process,
+                       signed by the home's key (palaestra.runs.trust)
       status.json      state, step, pid, error (replaced atomically)
       metrics.jsonl    one object per step
       samples.jsonl    every sample of every step
