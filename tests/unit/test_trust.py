@@ -63,7 +63,7 @@ def test_another_homes_signature_is_refused(tmp_path, monkeypatch):
 def test_a_run_copied_from_another_home_is_not_resumed(tiny_model_dir, tmp_path, monkeypatch):
     from palaestra.launch.training import TrainingRun, create_run
     from palaestra.launch.worker import execute
-    from tiny_runs import tiny_config, write_topics
+    from tests.support.tiny_runs import tiny_config, write_topics
 
     monkeypatch.setenv("PALAESTRA_HOME", str(tmp_path / "theirs"))
     data = write_topics(tmp_path / "topics.jsonl")
