@@ -5,8 +5,9 @@
 
 With an ``environment`` (``palaestra.types.Environment``), each row is a multi-turn episode
 played against the endpoint: the environment's first messages, the endpoint's reply, the
-environment's feedback, and so on until it is done or ``max_turns`` replies were made; the row
-scores the sum of the environment's rewards and keeps the conversation.
+environment's feedback, and so on until it is done or ``max_turns`` replies were made (the
+episode loop of ``rollout/episode.py``, the one training plays); the row scores the sum of the
+environment's rewards and keeps the conversation.
 
 Requests go out concurrently (the endpoint batches them into shared generation passes). Every
 result is saved as ``<home>/evals/<id>.json`` (mean, total, and each row's prompt, response and
@@ -16,8 +17,8 @@ the run whose checkpoint it scored.
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import inspect
 import math
 import sys
 import time
@@ -29,9 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from palaestra.calls import UserCodeError, call_blocking
 from palaestra.data import DatasetConfig
+from palaestra.rollout.episode import Reply, Rules, play
 from palaestra.runs.evals import save_eval
-from palaestra.types import Step
 
 
 @dataclass
@@ -194,48 +196,35 @@ class EvalConfig(BaseModel):
         self, deployment: Any, prompt, extra: dict[str, Any], seed: int | None
     ) -> dict[str, Any]:
         """One episode of the environment against ``deployment``, as a result row."""
-        env = _env_call(self.environment, prompt, 0, "factory")
-        first = _env_call(env.start, prompt, 0, "start", prompt.metadata)
-        messages = _env_messages(first, prompt, 0, env.start)
-        score, reply = 0.0, ""
-        for turn in range(1, self.max_turns + 1):
-            if seed is not None:
-                extra = {**extra, "seed": seed + prompt.index * self.max_turns + turn}
-            answer = deployment.chat_completion(messages, **extra)["choices"][0]["message"]
-            reply = answer.get("content") or ""
-            messages.append({"role": "assistant", "content": reply})
-            step = _env_call(env.step, prompt, turn, "step", reply)
-            if not isinstance(step, Step) or not isinstance(step.reward, int | float):
-                raise RuntimeError(
-                    f"eval: row {prompt.index}, turn {turn}: {_qualname(env.step)} returned "
-                    f"{step!r:.100}; it must return a Step with a numeric reward"
-                )
-            score += float(step.reward)
-            if step.done:
-                break
-            messages += _env_messages(step.messages, prompt, turn, env.step)
+        conversation = EndpointConversation(deployment, extra)
+        if seed is not None:  # turn t of row i: seed + i * max_turns + t
+            conversation.seed = seed + prompt.index * self.max_turns
+        rules = Rules(self.environment, max_turns=self.max_turns)
+        outcome = asyncio.run(
+            play(rules, conversation, prompt.metadata, f"eval: row {prompt.index}")
+        )
+        messages = conversation.messages
         return {
             "index": prompt.index,
             "prompt": messages[0]["content"],
-            "response": reply,
-            "score": score,
-            "turns": sum(m["role"] == "assistant" for m in messages),
+            "response": conversation.reply,
+            "score": outcome.reward,
+            "turns": outcome.replies,
             "messages": messages,
         }
 
     def _score(self, prompt, message: dict[str, Any]) -> float:
+        where = f"eval: scoring row {prompt.index} ({prompt.messages[-1]['content']!r:.80})"
         content = message.get("content") or ""
+        if self.eval_fn is not None:
+            args: tuple = (content or message.get("reasoning_content") or "",)
+            score = call_blocking(self.eval_fn, args, where=where)
+        else:
+            score = call_blocking(self.eval_response_fn, (message, prompt.metadata), where=where)
         try:
-            if self.eval_fn is not None:
-                score = _call(self.eval_fn, content or message.get("reasoning_content") or "")
-            else:
-                score = _call(self.eval_response_fn, message, prompt.metadata)
             return float(score)
-        except Exception as error:
-            raise RuntimeError(
-                f"eval: scoring row {prompt.index} ({prompt.messages[-1]['content']!r:.80}) "
-                f"raised {type(error).__name__}: {error}"
-            ) from error
+        except (TypeError, ValueError) as error:
+            raise UserCodeError(where, f"returned {score!r:.80}; a score is a number") from error
 
     def _save(self, result: EvalResult, deployment: Any, elapsed: float, concurrency: int) -> None:
         info = getattr(deployment, "info", {}) or {}
@@ -263,40 +252,29 @@ class EvalConfig(BaseModel):
         )
 
 
-def _qualname(fn: Any) -> str:
-    return getattr(fn, "__qualname__", type(fn).__qualname__)
+class EndpointConversation:
+    """An episode's conversation as chat messages, each reply the endpoint's answer to all of
+    them (its own chat template applied); turn ``t`` is seeded ``seed + t``."""
 
+    def __init__(self, deployment: Any, extra: dict[str, Any]) -> None:
+        self.deployment = deployment
+        self.extra = extra
+        self.seed: int | None = None
+        self.turns = 0
+        self.messages: list[dict[str, Any]] = []
+        self.reply = ""
+        """The endpoint's last reply."""
 
-def _env_call(fn: Callable, prompt, turn: int, what: str, *args: Any) -> Any:
-    """``fn(*args)`` (awaited if async); an error names the row, the turn and ``fn``."""
-    try:
-        return _call(fn, *args)
-    except Exception as error:
-        raise RuntimeError(
-            f"eval: row {prompt.index}, turn {turn}: {_qualname(fn)} ({what}) raised "
-            f"{type(error).__name__}: {error}"
-        ) from error
+    def add(self, messages: list[dict[str, Any]]) -> bool:
+        self.messages += messages
+        return True
 
-
-def _env_messages(value: Any, prompt, turn: int, fn: Callable) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
-        return [dict(m) for m in value]
-    raise RuntimeError(
-        f"eval: row {prompt.index}, turn {turn}: {_qualname(fn)} returned {value!r:.100}; "
-        "messages are a string or a list of {'role': ..., 'content': ...} dicts"
-    )
-
-
-def _call(fn: Callable, *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        import asyncio
-
-        value = asyncio.run(_await(value))
-    return value
-
-
-async def _await(value):
-    return await value
+    async def generate(self) -> Reply:
+        self.turns += 1
+        extra = dict(self.extra)
+        if self.seed is not None:
+            extra["seed"] = self.seed + self.turns
+        answer = await asyncio.to_thread(self.deployment.chat_completion, self.messages, **extra)
+        self.reply = answer["choices"][0]["message"].get("content") or ""
+        self.messages.append({"role": "assistant", "content": self.reply})
+        return Reply(self.reply, answer["choices"][0].get("finish_reason") or "stop")

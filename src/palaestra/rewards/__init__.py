@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from palaestra.calls import UserCodeError, call, name_of
 from palaestra.types import Sample
 
 RewardFn = Callable[..., Any]
 
 
-class RewardError(RuntimeError):
+class RewardError(UserCodeError):
     """A reward function failed on a sample; the message names the sample."""
+
+    separator = "\n"  # after the sample's response
 
 
 def resolve_reward(reward: RewardFn | str) -> RewardFn:
@@ -41,7 +43,7 @@ def resolve_reward(reward: RewardFn | str) -> RewardFn:
 
 
 def _describe(sample: Sample, reward: RewardFn, context: str = "") -> str:
-    name = getattr(reward, "__qualname__", type(reward).__qualname__)
+    name = name_of(reward)
     response = sample.response if len(sample.response) <= 2000 else sample.response[:2000] + "..."
     return (
         f"reward function {name} on {context}sample {sample.group_index} of prompt "
@@ -109,24 +111,15 @@ class RewardScorer:
                 task.cancel()
 
     async def _score_one(self, sample: Sample, context: str) -> float:
-        reward = self.reward
-        deadline = asyncio.timeout(self.timeout)
-        try:
-            async with deadline:
-                if inspect.iscoroutinefunction(reward):
-                    value = await reward(self.args, sample)
-                else:
-                    loop = asyncio.get_running_loop()
-                    value = await loop.run_in_executor(self._threads, reward, self.args, sample)
-                if inspect.isawaitable(value):  # e.g. a partial of an async function
-                    value = await value
-        except Exception as error:
-            if isinstance(error, TimeoutError) and deadline.expired():
-                message = f"timed out after {self.timeout} s"
-            else:
-                message = f"raised {type(error).__name__}: {error}"
-            raise RewardError(f"{_describe(sample, reward, context)}\n{message}") from error
-        return check_reward(value, sample, reward, context)
+        value = await call(
+            self.reward,
+            (self.args, sample),
+            where=lambda: _describe(sample, self.reward, context),
+            timeout=self.timeout,
+            threads=self._threads,
+            error=RewardError,
+        )
+        return check_reward(value, sample, self.reward, context)
 
 
 def score_samples(

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.calls import call
 from palaestra.engine import GenerationRequest, RolloutEngine, SamplingParams
 from palaestra.rewards import RewardError, resolve_reward
 from palaestra.rollout.environments import run_environment
@@ -258,16 +258,14 @@ class MultiTurnRollout:
 
     async def _episode(self, args, sample: Sample, episode: Episode) -> Sample:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
-        try:
-            result = self.fn(args, sample, episode.params)
-            if inspect.isawaitable(result):
-                result = await result
-        except (EpisodeError, asyncio.CancelledError):
-            raise
-        except Exception as error:
-            raise EpisodeError(
-                f"{episode.describe()}: {name} raised {type(error).__name__}: {error}"
-            ) from error
+        result = await call(
+            self.fn,
+            (args, sample, episode.params),
+            where=lambda: f"{episode.describe()}: {name}",
+            threads=args.engine.threads,
+            error=EpisodeError,
+            passes=(EpisodeError,),  # the built-in loop's own, already naming the episode
+        )
         return self._checked(result, episode, name)
 
     def _checked(self, sample: Any, episode: Episode, name: str) -> Sample:

@@ -1,5 +1,5 @@
 """Tools a model may call: plain Python functions (sync or async, typed, with a docstring), their
-JSON schemas for the chat template, and one call run with a timeout.
+JSON schemas for the chat template, and one call of a tool (through ``palaestra.calls``).
 
 The schema is the OpenAI/Hermes function format that chat templates with tool support render
 (``tokenizer.apply_chat_template(messages, tools=...)``). A template without tool support
@@ -9,7 +9,6 @@ ignores ``tools``; then the schemas go into the system message instead, with the
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import re
@@ -19,12 +18,14 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from palaestra.calls import UserCodeError
+from palaestra.calls import call as call_user_code
 from palaestra.models.parsing import ToolCall
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
 
-class ToolError(RuntimeError):
+class ToolError(UserCodeError):
     """A tool failed, or was described wrongly; the message names the episode, turn and tool."""
 
 
@@ -106,7 +107,7 @@ async def call_tool(
     call: ToolCall,
     tools: dict[str, Callable],
     timeout: float | None,
-    threads: Executor,
+    threads: Executor | None,
     where: str,
     on_error: str,
 ) -> str:
@@ -114,27 +115,25 @@ async def call_tool(
     unknown fails with a ToolError naming ``where`` (episode and turn) and the tool, or with
     ``on_error="message"`` answers the model with the error instead."""
     fn = tools.get(call.name)
+    named = f"{where}: tool {call.name}({json.dumps(call.arguments)})"
     try:
         if fn is None:
-            raise LookupError(f"no tool named {call.name!r}; tools: {', '.join(tools)}")
-        async with asyncio.timeout(timeout):
-            if inspect.iscoroutinefunction(fn):
-                value = await fn(**call.arguments)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(threads, lambda: fn(**call.arguments))
-            if inspect.isawaitable(value):
-                value = await value
-    except Exception as error:
-        if isinstance(error, TimeoutError):
-            reason = f"timed out after {timeout} s"
-        else:
-            reason = f"raised {type(error).__name__}: {error}"
+            known = ", ".join(tools)
+            raise ToolError(
+                named, f"raised LookupError: no tool named {call.name!r}; tools: {known}"
+            )
+        value = await call_user_code(
+            fn,
+            kwargs=call.arguments,
+            where=named,
+            timeout=timeout,
+            threads=threads,
+            error=ToolError,
+        )
+    except ToolError as error:
         if on_error == "message":
-            return f"Error: {call.name} {reason}"
-        raise ToolError(
-            f"{where}: tool {call.name}({json.dumps(call.arguments)}) {reason}"
-        ) from error
+            return f"Error: {call.name} {error.reason}"
+        raise
     if isinstance(value, str):
         return value
     try:
