@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test lint setup-vllm test-vllm
+.PHONY: setup haiku number-guess test lint docs setup-vllm test-vllm
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ test: setup setup-vllm
 
 lint: setup
 	$(VENV)/bin/ruff check src tests examples
+
+# The docs site (mkdocs.yml), strict: a broken link or anchor fails the build.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # vLLM's CPU build in a venv of its own: it pins transformers and pulls torchvision, torchaudio and
 # torchcodec, which do not load beside the CPU torch wheel and are not needed for text models.

@@ -5,7 +5,7 @@ The tables sit between ``<!-- recipe-fields:start -->`` and ``<!-- recipe-fields
 the page reads the same on GitHub as on the site. Run it after changing a field:
 
     python docs/gen_recipes.py            # rewrite docs/recipes.md in place
-    python docs/gen_recipes.py --check    # exit 1 if the page is stale (CI, tests/unit/test_docs.py)
+    python docs/gen_recipes.py --check    # exit 1 if the page is stale
 
 The concerns come from ``Recipe``'s class docstring (``- Concern: ``field``, ...``); a field it
 does not name lands under "Other", so no field is ever left out of the page.
@@ -40,7 +40,7 @@ def concerns(recipe_class: type) -> list[tuple[str, list[str]]]:
 
 
 def type_name(field: FieldInfo) -> str:
-    """The field's type as a reader writes it: ``int ≥ 1``, ``"grpo" | "rloo"``, ``float | None``."""
+    """The field's type as a reader writes it: ``int ≥ 1``, ``"grpo" | "rloo"``, ``str | None``."""
     annotation = field.annotation
     if typing.get_origin(annotation) is typing.Literal:
         text = " \\| ".join(f'`"{choice}"`' for choice in typing.get_args(annotation))
