@@ -40,14 +40,15 @@ def concerns(recipe_class: type) -> list[tuple[str, list[str]]]:
 
 
 def type_name(field: FieldInfo) -> str:
-    """The field's type as a reader writes it: ``int ≥ 1``, ``"grpo" | "rloo"``, ``str | None``."""
+    """The field's type as a reader writes it: ``int`` ≥ 1, one of ``"grpo"``, ``"rloo"``;
+    ``str`` or ``None``. No ``|`` inside a code span: a table cell cannot escape it there."""
     annotation = field.annotation
     if typing.get_origin(annotation) is typing.Literal:
-        text = " \\| ".join(f'`"{choice}"`' for choice in typing.get_args(annotation))
+        text = "one of " + ", ".join(f'`"{choice}"`' for choice in typing.get_args(annotation))
     else:
         raw = annotation.__name__ if isinstance(annotation, type) else str(annotation)
         raw = re.sub(r"\b(typing|collections\.abc)\.", "", raw)
-        text = f"`{raw}`".replace("|", "\\|")
+        text = " or ".join(f"`{part.strip()}`" for part in raw.split("|"))
     for constraint in field.metadata:
         for attribute, sign in CONSTRAINTS.items():
             bound = getattr(constraint, attribute, None)
@@ -61,6 +62,8 @@ def default_text(field: FieldInfo) -> str:
         return f"`{field.default_factory()!r}`"
     if field.default is PydanticUndefined:
         return "required"
+    if isinstance(field.default, str):  # as the Literal choices are written: "grpo"
+        return f'`"{field.default}"`'
     return f"`{field.default!r}`"
 
 

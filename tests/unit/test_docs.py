@@ -113,8 +113,8 @@ def test_every_recipe_field_has_a_row_with_its_default():
 
     rendered = load_generator().render()
     for name, field in Recipe.model_fields.items():
-        factory = field.default_factory
-        default = f"`{factory()!r}`" if factory is not None else f"`{field.default!r}`"
+        value = field.default_factory() if field.default_factory else field.default
+        default = f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
         assert re.search(rf"^\| `{name}` \| [^\n]* \| {re.escape(default)} \|", rendered, re.M), (
             name
         )
