@@ -451,8 +451,8 @@ def preset(name: str, default: Any) -> Any:
 
 class SmolLM2_135M_Recipe(Recipe):
     """CPU-sized defaults for the embedded SmolLM2-135M-Instruct on a 2-core laptop, chosen by
-    the haiku sweep in the README (``bench/haiku_sweep.py``): with them the tutorial, as
-    written, learns in its 30 steps."""
+    the haiku sweep (``bench/haiku_sweep.py``; docs/recipes.md says why): with them the
+    tutorial, as written, learns in its 30 steps."""
 
     rollout_max_response_len: int = preset("rollout_max_response_len", 24)
     # Room for a haiku's three short lines (about 20 tokens) and no more. The tutorial's reward

@@ -5,8 +5,8 @@ to the system only from its top. A training step frees a lot in the middle of th
 rollout's caches, the passes' activations, the gradients after the update), so without help
 the process's resident size grows towards the sum of its phases' high-water marks rather
 than following what it holds. ``release_free_memory`` asks glibc (``malloc_trim``) to return
-every free page between phases; a page used again later costs one zeroed page fault (the
-README's GRPO-step figures say what it saved and cost).
+every free page between phases; a page used again later costs one zeroed page fault
+(CHANGELOG.md's entry for it says what it saved and cost).
 """
 
 from __future__ import annotations
