@@ -216,6 +216,7 @@ def test_units_import_each_other_without_a_circle():
         ("serve", {"train", "backends", "dashboard"}),
         ("runs", {"train", "launch", "serve", "dashboard", "backends", "rollout"}),
         ("types", {"*"}),
+        ("calls", {"*"}),
         ("trackers", {"train", "launch", "serve", "dashboard", "backends", "rollout", "models"}),
     ],
 )
@@ -247,7 +248,9 @@ def test_algo_does_no_io():
     assert not found, f"algo/ imports I/O modules: {found}"
 
 
-@pytest.mark.parametrize("unit", ["types", "rewards", "checkpoints", "runs", "recipes", "trackers"])
+@pytest.mark.parametrize(
+    "unit", ["types", "calls", "rewards", "checkpoints", "runs", "recipes", "trackers"]
+)
 def test_light_units_load_no_torch_when_imported(unit):
     found = third_party_imports(unit, at_import=True)
     assert "torch" not in found, f"{unit} imports torch in {sorted(found['torch'])}"
