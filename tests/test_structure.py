@@ -3,7 +3,7 @@ inside functions included (only ``if TYPE_CHECKING:`` blocks are left out: they 
 
 No circle among modules or among units (folders and top-level modules), except through the
 lazy edges listed in ``LAZY_EDGES_ALLOWED``, each with its reason; what a module imports when
-it is imported never closes a circle. Then the rules of ARCHITECTURE.md: which unit may not
+it is imported never closes a circle. Then the architecture's rules: which unit may not
 import which, and which load no torch."""
 
 from __future__ import annotations
