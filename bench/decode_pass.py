@@ -42,7 +42,7 @@ def median_ms(run: Callable[[], object], repeats: int) -> float:
 
 def main() -> None:
     from palaestra import SmolLM2_135M
-    from palaestra.models import fused_pass, slot_attention
+    from palaestra.engine import fused_pass, slot_attention
     from palaestra.models.loading import load_causal_lm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
