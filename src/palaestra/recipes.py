@@ -407,16 +407,7 @@ def check_runnable_here(recipe: Recipe) -> None:
             "image_overlay customises a cloud container image, but the local backend trains in "
             "this Python environment: remove image_overlay and pip install what the reward needs."
         )
-    if recipe.rollout_num_gpus and recipe.backend == "local":
-        import torch
-
-        available = torch.cuda.device_count()
-        if recipe.rollout_num_gpus > available:
-            raise RecipeNotRunnableError(
-                f"rollout_num_gpus={recipe.rollout_num_gpus}, but this machine has {available} "
-                f"CUDA GPU(s). Set rollout_num_gpus={available} "
-                + ("to train on the CPU." if available == 0 else "or fewer.")
-            )
+    check_gpus(recipe)
     if recipe.rollout_engine == "vllm":
         check_vllm_engine(recipe)
     if recipe.custom_rm_function is None and recipe.loss_type != "sft_loss":
@@ -442,6 +433,41 @@ def check_runnable_here(recipe: Recipe) -> None:
         from palaestra.rewards import resolve_reward
 
         resolve_reward(recipe.custom_rm_function)  # a misspelt name fails here, not in the run
+
+
+def uses_ray(recipe: Recipe) -> bool:
+    """Whether ``recipe`` runs on Ray: ``backend="ray"``, or more than one GPU."""
+    return recipe.backend == "ray" or recipe.rollout_num_gpus > 1
+
+
+def check_gpus(recipe: Recipe) -> None:
+    """``rollout_num_gpus`` GPUs exist where the run would use them: this machine, or the Ray
+    cluster at ``ray_address`` (counted with ``ray.cluster_resources()``)."""
+    wanted = recipe.rollout_num_gpus
+    if not wanted:
+        return
+    if recipe.backend == "ray" and recipe.ray_address is not None:
+        from palaestra.backends.ray_setup import cluster_gpus
+
+        found, where = cluster_gpus(recipe.ray_address), f"the Ray cluster at {recipe.ray_address}"
+    else:
+        import torch
+
+        found, where = torch.cuda.device_count(), "this machine"
+    if wanted <= found:
+        return
+    runs_on = (
+        "Ray" + (" (a Ray instance of the run's own)" if recipe.ray_address is None else "")
+        if uses_ray(recipe)
+        else "this process"
+    )
+    fewer = "0 to train on the CPU" if found == 0 else f"{found} or fewer"
+    raise RecipeNotRunnableError(
+        f"rollout_num_gpus={wanted}, but {where} has {found} CUDA GPU(s) (the run would use "
+        f"{runs_on}). Either set rollout_num_gpus={fewer}, or run it where {wanted} GPUs "
+        f"are: backend='ray' with ray_address='HOST:PORT', the head of a Ray cluster that has "
+        "them"
+    )
 
 
 def preset(name: str, default: Any) -> Any:

@@ -100,6 +100,23 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
+def cluster_gpus(address: str) -> int:
+    """GPUs in the Ray cluster at ``address`` (``ray.cluster_resources()``), joining it briefly
+    when this process is not connected to Ray already."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
+    if address != "auto":
+        check_address(address)
+    import logging
+
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        return int(ray.cluster_resources().get("GPU", 0))
+    finally:
+        ray.shutdown()
+
+
 def runtime_env_of(recipe: Recipe) -> dict[str, Any]:
     """The ``runtime_env`` of the run's actors: ``recipe.runtime_env`` with what
     ``recipe.image_overlay`` maps to added (pip packages appended, variables merged)."""
