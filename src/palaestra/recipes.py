@@ -441,28 +441,28 @@ def uses_ray(recipe: Recipe) -> bool:
 
 
 def check_gpus(recipe: Recipe) -> None:
-    """``rollout_num_gpus`` GPUs exist where the run would use them: this machine, or the Ray
-    cluster at ``ray_address`` (counted with ``ray.cluster_resources()``)."""
+    """``rollout_num_gpus`` GPUs exist on this machine when the run would use this machine's
+    (the Ray cluster at ``ray_address`` is counted by ``backends.ray_setup.check_ray_here``)."""
+    if not recipe.rollout_num_gpus or (recipe.backend == "ray" and recipe.ray_address):
+        return
+    import torch
+
+    found = torch.cuda.device_count()
+    if recipe.rollout_num_gpus > found:
+        raise too_few_gpus(recipe, found, "this machine")
+
+
+def too_few_gpus(recipe: Recipe, found: int, where: str) -> RecipeNotRunnableError:
+    """The refusal of a ``rollout_num_gpus`` that ``where`` (with ``found`` GPUs) cannot
+    give: how many it found, where, and the two ways forward."""
     wanted = recipe.rollout_num_gpus
-    if not wanted:
-        return
-    if recipe.backend == "ray" and recipe.ray_address is not None:
-        from palaestra.backends.ray_setup import cluster_gpus
-
-        found, where = cluster_gpus(recipe.ray_address), f"the Ray cluster at {recipe.ray_address}"
-    else:
-        import torch
-
-        found, where = torch.cuda.device_count(), "this machine"
-    if wanted <= found:
-        return
     runs_on = (
         "Ray" + (" (a Ray instance of the run's own)" if recipe.ray_address is None else "")
         if uses_ray(recipe)
         else "this process"
     )
     fewer = "0 to train on the CPU" if found == 0 else f"{found} or fewer"
-    raise RecipeNotRunnableError(
+    return RecipeNotRunnableError(
         f"rollout_num_gpus={wanted}, but {where} has {found} CUDA GPU(s) (the run would use "
         f"{runs_on}). Either set rollout_num_gpus={fewer}, or run it where {wanted} GPUs "
         f"are: backend='ray' with ray_address='HOST:PORT', the head of a Ray cluster that has "

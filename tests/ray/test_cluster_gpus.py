@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from palaestra.backends.ray_setup import check_ray_here
 from palaestra.recipes import Recipe, RecipeNotRunnableError, check_runnable_here
 
 # Ray 2.60 authenticates by token: the instance and this process share one of their own.
@@ -53,9 +54,11 @@ def test_the_clusters_gpus_are_counted(two_gpu_cluster, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # this machine: none
     fields = dict(custom_rm_function=reward, backend="ray", ray_address=two_gpu_cluster)
-    check_runnable_here(Recipe(rollout_num_gpus=2, **fields))
+    for recipe in (Recipe(rollout_num_gpus=2, **fields), Recipe(rollout_num_gpus=3, **fields)):
+        check_runnable_here(recipe)  # this machine's count does not apply to a cluster
+    check_ray_here(Recipe(rollout_num_gpus=2, **fields))
     with pytest.raises(RecipeNotRunnableError) as error:
-        check_runnable_here(Recipe(rollout_num_gpus=3, **fields))
+        check_ray_here(Recipe(rollout_num_gpus=3, **fields))
     message = str(error.value)
     assert f"rollout_num_gpus=3, but the Ray cluster at {two_gpu_cluster} has 2" in message
     assert "set rollout_num_gpus=2 or fewer" in message

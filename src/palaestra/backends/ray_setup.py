@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.recipes import Recipe, RecipeNotRunnableError
+from palaestra.recipes import Recipe, RecipeNotRunnableError, too_few_gpus
 
 RAY_EXTRA = "backend='ray' needs Ray, which is not installed: pip install 'palaestra[ray]'"
 
@@ -70,13 +70,18 @@ def import_ray():
 
 def check_ray_here(recipe: Recipe) -> None:
     """Fail in the caller's process, before a run starts, when the Ray backend cannot run
-    ``recipe``: Ray missing, an address that does not answer, an overlay that does not map."""
+    ``recipe``: Ray missing, an address that does not answer, a cluster with fewer GPUs than
+    ``rollout_num_gpus``, an overlay that does not map."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise RecipeNotRunnableError(RAY_EXTRA)
     if recipe.ray_address not in (None, "auto"):
         check_address(recipe.ray_address)
+    if recipe.ray_address is not None and recipe.rollout_num_gpus:
+        found = cluster_gpus(recipe.ray_address)
+        if recipe.rollout_num_gpus > found:
+            raise too_few_gpus(recipe, found, f"the Ray cluster at {recipe.ray_address}")
     runtime_env_of(recipe)
 
 
