@@ -41,9 +41,10 @@ _SUPPORTED = (
 
 _NO_LOCAL_MEANING = {
     "apt_install": (
-        "installs system packages into a container image with apt-get, which needs root and "
-        "changes the machine for every program. Install them yourself (sudo apt-get install "
-        "{args}) on every machine the run uses, then remove apt_install from image_overlay"
+        "installs system packages into a container image with apt-get; here that would need "
+        "root and change the machine for every program. Install them yourself (sudo apt-get "
+        "install {args}) on every machine the run uses, then remove apt_install from "
+        "image_overlay"
     ),
     "add_local_dir": (
         "copies local files into a container image; a run here reads them where they are. "
