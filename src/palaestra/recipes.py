@@ -462,7 +462,7 @@ def too_few_gpus(recipe: Recipe, found: int, where: str) -> RecipeNotRunnableErr
     give: how many it found, where, and the two ways forward."""
     wanted = recipe.rollout_num_gpus
     runs_on = (
-        "Ray" + (" (a Ray instance of the run's own)" if recipe.ray_address is None else "")
+        "Ray" + (", on a Ray instance of its own" if recipe.ray_address is None else "")
         if uses_ray(recipe)
         else "this process"
     )
