@@ -28,7 +28,8 @@ def refusal(**fields) -> str:
 def test_the_tutorials_eight_gpus_on_a_laptop_name_ray_and_both_ways_forward(no_gpus):
     message = refusal(rollout_num_gpus=8)
     assert "rollout_num_gpus=8, but this machine has 0 CUDA GPU(s)" in message
-    assert "(the run would use Ray, on a Ray instance of its own)" in message  # more than one GPU runs on Ray
+    # More than one GPU runs on Ray.
+    assert "(the run would use Ray, on a Ray instance of its own)" in message
     assert "set rollout_num_gpus=0 to train on the CPU" in message
     assert "backend='ray' with ray_address='HOST:PORT'" in message
     assert "local backend" not in message
