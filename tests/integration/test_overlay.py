@@ -6,6 +6,7 @@ Nothing here needs the network: the packages are wheels written by the test."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,40 @@ def test_a_failing_overlay_fails_launch_before_training(home, tiny_model_dir, tm
     assert status["state"] == "failed" and "OverlayBuildError" in status["error"]
     assert not (run / "metrics.jsonl").exists()
     assert Path(run / "train.log").read_text().count("no-such-package-here") >= 1
+
+
+TRAIN_HERE = """
+import json, sys
+from pathlib import Path
+from test_overlay import probe_reward
+from tiny_runs import tiny_config
+
+model_dir, data, wheel = sys.argv[1:]
+config = tiny_config(
+    Path(model_dir), Path(data), reward=probe_reward, num_rollout=1,
+    image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
+)
+result = config.train()
+print(json.dumps({"run_id": result.training_run_id, "prefix": sys.prefix}))
+"""
+
+
+def test_train_in_this_process_runs_the_rest_of_it_in_the_overlay(home, tiny_model_dir, tmp_path):
+    """``config.train()``: the caller's own process takes the overlay's packages and variables
+    (in a child process here, so this test session's sys.path stays as it is)."""
+    wheel = write_wheel(tmp_path, "overlay_run_probe", 3)
+    data = write_topics(tmp_path / "topics.jsonl")
+    path = [p for p in sys.path if p]
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_HERE, str(tiny_model_dir), str(data), str(wheel)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    run = home / "runs" / answer["run_id"]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["reward_mean"] == 3.0  # imported from the overlay, in this process
+    assert answer["prefix"] == sys.prefix  # the process kept its own Python
