@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,18 @@ def test_a_failing_command_names_itself_its_exit_code_and_its_output(home):
     assert "command 2 of 3 failed with exit code 3: echo about to fail;" in message
     assert "    about to fail\n    the-reason" in message
     assert list((home / "overlays").iterdir()) == [next((home / "overlays").glob("*.lock"))]
+
+
+def test_an_unreachable_index_fails_with_the_tools_own_error(home):
+    """No network (an index under .invalid, which never resolves): uv's own error, soon."""
+    steps = overlay_steps(
+        lambda image: image.uv_pip_install("six", index_url="https://pypi.invalid/simple")
+    )
+    started = time.monotonic()
+    with pytest.raises(OverlayBuildError) as error:
+        ensure_overlay(steps)
+    assert "exit code" in str(error.value) and "pypi.invalid" in str(error.value)
+    assert time.monotonic() - started < 300
 
 
 async def probe_reward(args, sample, **kwargs) -> float:
