@@ -19,6 +19,8 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from palaestra.overlay.image import overlay_steps
+
 
 class Recipe(BaseModel):
     """How to train. The fields are flat (``Recipe(lr=1e-5, lora_rank=8)``); by concern:
@@ -285,10 +287,15 @@ class Recipe(BaseModel):
     seed: int = 42
     """Seeds data order, sampling and initialisation; a resumed run restores the RNG state."""
     image_overlay: Any = None
-    """Container-image customisation (``lambda image: image.run_commands("pip install x")``).
-    The local backend runs in this Python environment and rejects it: pip install instead. The
-    Ray backend maps pip installs and environment variables to Ray's ``runtime_env`` and
-    refuses any other command, saying what to do instead."""
+    """What the run's environment needs beyond this one, as the Training Gym's image hook:
+    ``lambda image: image.run_commands("uv pip install --system nltk", "python -c ...")``
+    (also ``pip_install``, ``uv_pip_install``, ``pip_install_from_requirements``, ``env``,
+    ``workdir``). The commands build, once, a virtual environment layered on this one (it sees
+    every installed package) and cached under the palaestra home; the run's training process,
+    where the reward runs, executes in it, and on Ray every actor too, each node building its
+    own. A failing command fails ``launch()`` before training. Calls with no meaning outside
+    a container (``apt_install``...) are refused, saying what to do instead. See
+    docs/image-overlay.md."""
 
     # -- Backend: where the sampler and the learner run.
     backend: Literal["local", "ray"] = "local"
@@ -305,9 +312,10 @@ class Recipe(BaseModel):
     """Ray backend: CPUs each rollout worker reserves in Ray's accounting. Its torch threads are
     its node's cores shared among the workers placed there."""
     runtime_env: dict[str, Any] | None = None
-    """Ray backend: Ray's ``runtime_env`` for the actors (``pip``, ``env_vars``,
-    ``working_dir``...), merged with what ``image_overlay`` maps to. The reward runs in the
-    driver (the run's own process), so what it imports must be installed there."""
+    """Ray backend: Ray's ``runtime_env`` for the job (``pip``, ``env_vars``,
+    ``working_dir``...). The reward runs in the driver (the run's own process), where this
+    does not apply: what the reward needs goes in ``image_overlay``, which reaches the driver
+    and every actor."""
 
     @field_validator("apply_chat_template_kwargs", mode="before")
     @classmethod
@@ -385,6 +393,7 @@ class Recipe(BaseModel):
         """The resolved recipe for ``config.json``; the reward appears as ``module:function``."""
         data = self.model_dump(exclude={"custom_rm_function", "image_overlay"})
         data["class"] = type(self).__name__
+        data["image_overlay"] = overlay_steps(self.image_overlay)  # what the overlay replays
         reward = self.custom_rm_function
         if reward is None or isinstance(reward, str):
             data["custom_rm_function"] = reward
@@ -402,21 +411,8 @@ class RecipeNotRunnableError(ValueError):
 def check_runnable_here(recipe: Recipe) -> None:
     """Fail before launching when this machine cannot run ``recipe`` (the Ray backend's own
     checks are ``launch.checks.check_ray_here``)."""
-    if recipe.image_overlay is not None and recipe.backend == "local":
-        raise RecipeNotRunnableError(
-            "image_overlay customises a cloud container image, but the local backend trains in "
-            "this Python environment: remove image_overlay and pip install what the reward needs."
-        )
-    if recipe.rollout_num_gpus and recipe.backend == "local":
-        import torch
-
-        available = torch.cuda.device_count()
-        if recipe.rollout_num_gpus > available:
-            raise RecipeNotRunnableError(
-                f"rollout_num_gpus={recipe.rollout_num_gpus}, but this machine has {available} "
-                f"CUDA GPU(s). Set rollout_num_gpus={available} "
-                + ("to train on the CPU." if available == 0 else "or fewer.")
-            )
+    overlay_steps(recipe.image_overlay)  # a call with no meaning here fails now, naming it
+    check_gpus(recipe)
     if recipe.rollout_engine == "vllm":
         check_vllm_engine(recipe)
     if recipe.custom_rm_function is None and recipe.loss_type != "sft_loss":
@@ -442,6 +438,41 @@ def check_runnable_here(recipe: Recipe) -> None:
         from palaestra.rewards import resolve_reward
 
         resolve_reward(recipe.custom_rm_function)  # a misspelt name fails here, not in the run
+
+
+def uses_ray(recipe: Recipe) -> bool:
+    """Whether ``recipe`` runs on Ray: ``backend="ray"``, or more than one GPU."""
+    return recipe.backend == "ray" or recipe.rollout_num_gpus > 1
+
+
+def check_gpus(recipe: Recipe) -> None:
+    """``rollout_num_gpus`` GPUs exist on this machine when the run would use this machine's
+    (the Ray cluster at ``ray_address`` is counted by ``launch.checks.check_ray_here``)."""
+    if not recipe.rollout_num_gpus or (recipe.backend == "ray" and recipe.ray_address):
+        return
+    import torch
+
+    found = torch.cuda.device_count()
+    if recipe.rollout_num_gpus > found:
+        raise too_few_gpus(recipe, found, "this machine")
+
+
+def too_few_gpus(recipe: Recipe, found: int, where: str) -> RecipeNotRunnableError:
+    """The refusal of a ``rollout_num_gpus`` that ``where`` (with ``found`` GPUs) cannot
+    give: how many it found, where, and the two ways forward."""
+    wanted = recipe.rollout_num_gpus
+    runs_on = (
+        "Ray" + (", on a Ray instance of its own" if recipe.ray_address is None else "")
+        if uses_ray(recipe)
+        else "this process"
+    )
+    fewer = "0 to train on the CPU" if found == 0 else f"{found} or fewer"
+    return RecipeNotRunnableError(
+        f"rollout_num_gpus={wanted}, but {where} has {found} CUDA GPU(s) (the run would use "
+        f"{runs_on}). Either set rollout_num_gpus={fewer}, or run it where {wanted} GPUs "
+        f"are: backend='ray' with ray_address='HOST:PORT', the head of a Ray cluster that has "
+        "them"
+    )
 
 
 def preset(name: str, default: Any) -> Any:

@@ -21,7 +21,6 @@ import torch
 from safetensors.torch import load_file
 
 from palaestra.cli import main
-from palaestra.launch.checks import OverlayImage, runtime_env_of
 from palaestra.recipes import Recipe, RecipeNotRunnableError
 from palaestra.runs.handles import RunFailedError
 from tests.support.episodes import LowercaseGame
@@ -279,35 +278,6 @@ def test_ray_fields_on_the_local_backend_are_refused_by_name():
         Recipe(num_rollout_workers=2)
     with pytest.raises(ValueError, match="ray_address='auto' is a Ray backend field"):
         Recipe(ray_address="auto")
-
-
-def test_image_overlay_maps_pip_and_variables_and_refuses_the_rest():
-    recipe = Recipe(
-        backend="ray",
-        runtime_env={"pip": ["numpy"], "env_vars": {"A": "1"}},
-        image_overlay=lambda image: image.run_commands(
-            "uv pip install --system aiohttp 'nltk>=3.8.0'", "pip install -U rich && pip install x"
-        ).env({"B": 2}),
-    )
-    assert runtime_env_of(recipe) == {
-        "pip": ["numpy", "aiohttp", "nltk>=3.8.0", "rich", "x"],
-        "env_vars": {"A": "1", "B": "2"},
-    }
-    # The tutorial's overlay also downloads nltk data with `python -c`: no runtime_env for it.
-    tutorial = Recipe(
-        backend="ray",
-        image_overlay=lambda image: image.run_commands(
-            "uv pip install --system aiohttp 'nltk>=3.8.0'",
-            "python -c \"import nltk; nltk.download('cmudict', quiet=True)\"",
-        ),
-    )
-    with pytest.raises(RecipeNotRunnableError, match="image_overlay runs 'python -c") as error:
-        runtime_env_of(tutorial)
-    assert "on every node before `ray start`" in str(error.value)
-    with pytest.raises(RecipeNotRunnableError, match=r"image.apt_install\(\), which has no Ray"):
-        OverlayImage().apt_install("git")
-    with pytest.raises(RecipeNotRunnableError, match="'pip install -r req.txt'"):
-        OverlayImage().run_commands("pip install -r req.txt")
 
 
 def test_runtime_env_variables_reach_the_workers(home, tiny_model_dir, data, ray_head):

@@ -8,6 +8,10 @@
 - **Weights** travel through a ``WeightSync``: here Ray's object store, one object per step that
   every worker loads (after the first sync, only the trainable tensors: LoRA sends adapters).
 - Rewards, data order and the run directory stay in the driver, as on the local backend.
+- A recipe's ``image_overlay`` reaches every process: the driver is started in its
+  environment (``launch.training``), and each actor runs with ``py_executable`` set to the
+  overlay's Python on the actor's node, built there (once per node, cached) by a task placed
+  where the actor will be.
 
 A worker that dies is restarted by Ray; the pool loads the current weights into it and redoes
 its share of the requests, which draws the same samples. The actors belong to the driver: when
@@ -41,6 +45,7 @@ from palaestra.backends.building import (
 )
 from palaestra.launch.checks import check_address, gpu_layout, import_ray, runtime_env_of
 from palaestra.models.loading import load_causal_lm, load_tokenizer
+from palaestra.overlay.image import overlay_steps
 from palaestra.recipes import RecipeNotRunnableError
 from palaestra.train.lora import apply_lora
 from palaestra.train.state import Start
@@ -100,6 +105,7 @@ class RayCluster:
         self.groups: list = []
         """Placement groups: they outlive their actors unless removed."""
         self.driver_node = ray.get_runtime_context().get_node_id()
+        self.overlay_steps = overlay_steps(recipe.image_overlay)
 
     @classmethod
     def connect(cls, recipe) -> RayCluster:
@@ -151,11 +157,13 @@ class RayCluster:
         reserves no CPU: the loop never trains while the workers sample."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        where = NodeAffinitySchedulingStrategy(self.driver_node, soft=False)
         actor_class = self.ray.remote(LearnerActor).options(
             num_cpus=0,
             num_gpus=gpu_layout(config.recipe).learner,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.driver_node, soft=False),
+            scheduling_strategy=where,
             max_restarts=0,
+            **self.overlay_options([where])[0],
         )
         actor = actor_class.remote(config, start)
         self.actors.append(actor)
@@ -184,16 +192,36 @@ class RayCluster:
                 "free. Lower num_rollout_workers or ray_cpus_per_worker, or add nodes"
             ) from None
         workers = []
+        places = [PlacementGroupSchedulingStrategy(group, index) for index in range(count)]
+        overlays = self.overlay_options(places)
         for index in range(count):
             actor_class = self.ray.remote(RolloutWorker).options(
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, index),
+                scheduling_strategy=places[index],
                 max_restarts=WORKER_RESTARTS,
+                **overlays[index],
             )
             workers.append(actor_class.remote(config, index))
         self.actors += workers
         return workers
+
+    def overlay_options(self, places: list) -> list[dict]:
+        """Per place (a scheduling strategy): the ``runtime_env`` that runs an actor there in
+        the overlay environment, built on that node first (empty options without one)."""
+        if self.overlay_steps is None:
+            return [{} for _ in places]
+        build = self.ray.remote(overlay_on_this_node)
+        answers = self.ray.get(
+            [
+                build.options(num_cpus=0, scheduling_strategy=p).remote(self.overlay_steps)
+                for p in places
+            ]
+        )
+        return [
+            {"runtime_env": {"py_executable": python, "env_vars": variables}}
+            for python, variables in answers
+        ]
 
     def share_cores(self, learner, workers: list) -> list[int]:
         """Torch threads per actor: a node's cores shared among the workers placed on it; the
@@ -415,6 +443,17 @@ class WorkerPool:
 
     def close(self) -> None:
         self.cluster.shutdown()
+
+
+def overlay_on_this_node(steps: list) -> tuple[str, dict[str, str]]:
+    """A Ray task: the overlay environment of ``steps`` on the node it runs on, built there
+    unless cached; its Python and the variables a process in it gets."""
+    from palaestra.overlay.environment import ensure_overlay
+
+    overlay = ensure_overlay(steps)
+    if overlay.built_s is not None:
+        print(f"ray: node {os.uname().nodename}: {overlay.describe()}", flush=True)
+    return str(overlay.python), overlay.environment()
 
 
 def split_evenly(count: int, parts: int) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 
 from palaestra.atomic import write_bytes_atomic
 from palaestra.data.fields import ConfigMeta, config_error, suggest
+from palaestra.data.hub_cache import dataset_folder, dataset_snapshot, hub_offline
 from palaestra.data.prepared import OUTPUT_FORMATS, encode_prompts, read_prompts
 from palaestra.data.splits import (
     DATA_SUFFIXES,
@@ -167,15 +168,7 @@ class DatasetConfig(BaseModel, metaclass=ConfigMeta):
         """Rows of the selected split with their original columns; read once per instance."""
         if self._rows is None:
             files = self._split_files()
-            if files is None:
-                rows = _load_hub(self.hf_repo, self.hf_subset, self.hf_split)
-            else:
-                rows = select_split(
-                    self.hf_split,
-                    list(files),
-                    lambda split: [row for path in files[split] for row in read_file(path)],
-                    source=str(self.hf_repo),
-                )
+            rows = self._load_hub() if files is None else self._read_split(files)
             self._rows = rows
         return self._rows
 
@@ -191,7 +184,9 @@ class DatasetConfig(BaseModel, metaclass=ConfigMeta):
         if not path.exists():
             if self._local_only or repo.startswith(_PATH_PREFIXES) or path.suffix in DATA_SUFFIXES:
                 raise DatasetError(f"local dataset {repo} not found")
-            return None
+            if not hub_offline():
+                return None  # the hub answers (datasets.load_dataset), or _load_hub falls back
+            return self._cached_files(offline=True)
         if path.is_file():
             if path.suffix not in DATA_SUFFIXES:
                 raise DatasetError(f"{repo}: unsupported file type; use {', '.join(DATA_SUFFIXES)}")
@@ -203,6 +198,45 @@ class DatasetConfig(BaseModel, metaclass=ConfigMeta):
             if not path.is_dir():
                 raise DatasetError(f"subset {self.hf_subset!r} not found: no folder {path}")
         return discover_splits(path)
+
+    def _cached_files(self, offline: bool) -> dict[str, list[Path]]:
+        """The files of each split of the hub cache's snapshot of ``hf_repo``."""
+        repo = str(self.hf_repo)
+        snapshot = dataset_snapshot(repo)
+        if snapshot is None:
+            why = "HF_HUB_OFFLINE is set" if offline else "the hub did not answer"
+            raise DatasetError(
+                f"{repo}: {why} and the Hugging Face cache holds no snapshot of it (looked in "
+                f"{dataset_folder(repo)}). Download it where the hub is reachable: "
+                f"hf download {repo} --repo-type dataset (with the same HF_HOME), or set "
+                "hf_repo to a local file or folder"
+            )
+        if self.hf_subset is not None:
+            snapshot = snapshot / self.hf_subset
+            if not snapshot.is_dir():
+                raise DatasetError(
+                    f"{repo}: subset {self.hf_subset!r} not found: no folder {snapshot}"
+                )
+        return discover_splits(snapshot)
+
+    def _load_hub(self) -> list[dict[str, Any]]:
+        """Rows from the hub; the cache's snapshot when the hub cannot be reached."""
+        repo = str(self.hf_repo)
+        try:
+            return _load_hub(repo, self.hf_subset, self.hf_split)
+        except ConnectionError:
+            if dataset_snapshot(repo) is None:
+                raise
+        return self._read_split(self._cached_files(offline=False))
+
+    def _read_split(self, files: dict[str, list[Path]]) -> list[dict[str, Any]]:
+        """The rows ``hf_split`` selects from local split files."""
+        return select_split(
+            self.hf_split,
+            list(files),
+            lambda split: [row for path in files[split] for row in read_file(path)],
+            source=str(self.hf_repo),
+        )
 
     def check_columns(self, rows: list[dict[str, Any]] | None = None) -> None:
         """Raise DatasetError unless every row has the columns and template fields this needs."""

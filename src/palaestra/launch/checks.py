@@ -1,21 +1,15 @@
 """What the Ray backend checks and prepares before any actor starts, without importing Ray
-where it is not needed: the extra is installed, the cluster's address answers, and the recipe's
-``image_overlay`` and ``runtime_env`` become one Ray ``runtime_env``.
-
-``image_overlay`` is the tutorial's container-image hook (``image.run_commands(...)``). Ray has
-no image to build, but its ``runtime_env`` installs pip packages and sets environment variables
-for every actor; those map. Anything else (an apt package, an arbitrary shell command) is
-refused with what to do instead, never skipped in silence.
+where it is not needed: the extra is installed, the cluster's address answers and has the GPUs
+the recipe asks for, and the job's ``runtime_env``.
 """
 
 from __future__ import annotations
 
-import shlex
 import socket
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.recipes import Recipe, RecipeNotRunnableError
+from palaestra.recipes import Recipe, RecipeNotRunnableError, too_few_gpus
 
 RAY_EXTRA = "backend='ray' needs Ray, which is not installed: pip install 'palaestra[ray]'"
 
@@ -70,14 +64,18 @@ def import_ray():
 
 def check_ray_here(recipe: Recipe) -> None:
     """Fail in the caller's process, before a run starts, when the Ray backend cannot run
-    ``recipe``: Ray missing, an address that does not answer, an overlay that does not map."""
+    ``recipe``: Ray missing, an address that does not answer, a cluster with fewer GPUs than
+    ``rollout_num_gpus``."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise RecipeNotRunnableError(RAY_EXTRA)
     if recipe.ray_address not in (None, "auto"):
         check_address(recipe.ray_address)
-    runtime_env_of(recipe)
+    if recipe.ray_address is not None and recipe.rollout_num_gpus:
+        found = cluster_gpus(recipe.ray_address)
+        if recipe.rollout_num_gpus > found:
+            raise too_few_gpus(recipe, found, f"the Ray cluster at {recipe.ray_address}")
 
 
 def check_address(address: str, timeout_s: float = 3.0) -> None:
@@ -100,102 +98,25 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
+def cluster_gpus(address: str) -> int:
+    """GPUs in the Ray cluster at ``address`` (``ray.cluster_resources()``), joining it briefly
+    when this process is not connected to Ray already."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
+    if address != "auto":
+        check_address(address)
+    import logging
+
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        return int(ray.cluster_resources().get("GPU", 0))
+    finally:
+        ray.shutdown()
+
+
 def runtime_env_of(recipe: Recipe) -> dict[str, Any]:
-    """The ``runtime_env`` of the run's actors: ``recipe.runtime_env`` with what
-    ``recipe.image_overlay`` maps to added (pip packages appended, variables merged)."""
-    env = dict(recipe.runtime_env or {})
-    if recipe.image_overlay is None:
-        return env
-    image = OverlayImage()
-    recipe.image_overlay(image)
-    if image.pip:
-        pip = env.get("pip") or []
-        if isinstance(pip, dict):
-            pip = {**pip, "packages": list(pip.get("packages", [])) + image.pip}
-        else:
-            pip = list(pip) + image.pip
-        env["pip"] = pip
-    if image.env_vars:
-        env["env_vars"] = {**env.get("env_vars", {}), **image.env_vars}
-    return env
-
-
-class OverlayImage:
-    """Stands in for the container image an ``image_overlay`` customises, recording what maps
-    to a Ray ``runtime_env`` and refusing the rest. Each method returns the image, so chained
-    calls work as on a real image."""
-
-    def __init__(self) -> None:
-        self.pip: list[str] = []
-        self.env_vars: dict[str, str] = {}
-
-    def pip_install(self, *packages: str | list[str], **options: Any) -> OverlayImage:
-        self.pip += flatten(packages)
-        return self
-
-    uv_pip_install = pip_install
-
-    def env(self, variables: dict[str, str]) -> OverlayImage:
-        self.env_vars.update({str(k): str(v) for k, v in variables.items()})
-        return self
-
-    def run_commands(self, *commands: str | list[str], **options: Any) -> OverlayImage:
-        for command in flatten(commands):
-            for part in command.split("&&"):
-                self.pip += pip_packages(part.strip())
-        return self
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        raise RecipeNotRunnableError(
-            f"image_overlay calls image.{name}(), which has no Ray runtime_env equivalent: on "
-            "the Ray backend only pip installs (pip_install, run_commands('pip install ...')) "
-            "and env({...}) map. Install the rest on every node before `ray start`, or pass "
-            "recipe.runtime_env directly"
-        )
-
-
-def pip_packages(command: str) -> list[str]:
-    """The packages of a ``pip install`` command (``pip``, ``python -m pip``, ``uv pip``),
-    or a RecipeNotRunnableError for any other command."""
-    words = shlex.split(command)
-    for prefix in (
-        ["pip"],
-        ["pip3"],
-        ["python", "-m", "pip"],
-        ["python3", "-m", "pip"],
-        ["uv", "pip"],
-    ):
-        if words[: len(prefix) + 1] == [*prefix, "install"]:
-            rest = words[len(prefix) + 1 :]
-            taking_value = [
-                w
-                for w in rest
-                if w
-                in (
-                    "-i",
-                    "--index-url",
-                    "-r",
-                    "--requirement",
-                    "--extra-index-url",
-                    "-c",
-                    "--constraint",
-                )
-            ]
-            if taking_value:
-                break  # options that point pip elsewhere have no runtime_env "pip" list form
-            return [w for w in rest if not w.startswith("-")]
-    raise RecipeNotRunnableError(
-        f"image_overlay runs {command!r}, which has no Ray runtime_env equivalent: on the Ray "
-        "backend only `pip install PACKAGE...` commands map (to runtime_env's pip list). Run "
-        "this command on every node before `ray start` (or in the reward itself, once), and "
-        "remove it from image_overlay"
-    )
-
-
-def flatten(items: tuple) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        out += [str(i) for i in item] if isinstance(item, list | tuple) else [str(item)]
-    return out
+    """The job's ``runtime_env``: ``recipe.runtime_env``. ``image_overlay`` is no part of it: its
+    environment is built on each node and named per actor (``py_executable``), see
+    ``backends.ray``."""
+    return dict(recipe.runtime_env or {})

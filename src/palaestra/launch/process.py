@@ -21,17 +21,32 @@ from palaestra.runs.liveness import pid_alive, process_start_time
 
 
 def spawn_module(
-    module: str, args: list[str], log: Path, env: dict[str, str] | None = None
+    module: str,
+    args: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    python: str | os.PathLike | None = None,
 ) -> subprocess.Popen:
     """Start ``python -m module *args`` detached, its output appended to ``log``. ``env``
     adds to this process's environment (a secret goes here, never on the command line, where
-    ``ps`` shows it)."""
-    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, **(env or {})}
+    ``ps`` shows it). ``python``: another interpreter than this one (an overlay environment's,
+    which reaches this environment's site-packages itself, after its own)."""
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    if python is not None:
+        import site
+
+        sites = {*site.getsitepackages(), site.getusersitepackages()}
+        path = [p for p in path if p not in sites]  # on PYTHONPATH they would shadow its own
+    environment = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(path),
+        **(env or {}),
+    }
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [str(python or sys.executable), "-m", module, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

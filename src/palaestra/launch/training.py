@@ -7,6 +7,7 @@ starts and stops the worker with the process helper endpoints use too.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from palaestra.runs.trust import verify, write_signed
 
 if TYPE_CHECKING:
     from palaestra.config import TrainConfig
+    from palaestra.overlay.environment import Overlay
 
 WORKER = "palaestra.launch.worker"
 
@@ -144,10 +146,36 @@ def spawn_worker(
         expect=allowed, state="pending", pid=None, pid_start=None, error=None, traceback=None
     )
     log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
+    overlay = prepare_overlay(run)
+    if overlay is not None:
+        env = {**overlay.environment(), **(env or {})}
     args = [str(run.path), *(["--resume"] if resume else [])]
-    process = spawn_module(WORKER, args, run.log_path, env=env)
+    python = overlay.python if overlay is not None else None
+    process = spawn_module(WORKER, args, run.log_path, env=env, python=python)
     run.update_status(**process_record(process))
     return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
+
+
+def prepare_overlay(run: RunDirectory) -> Overlay | None:
+    """The overlay environment of ``run``'s ``image_overlay`` (recorded in its config.json),
+    built or reused, noted in train.log; None without one. A command that fails fails the run
+    and raises here, before training."""
+    steps = json.loads((run.path / "config.json").read_text())["recipe"].get("image_overlay")
+    if steps is None:
+        return None
+    from palaestra.overlay.environment import OverlayBuildError, ensure_overlay
+
+    try:
+        overlay = ensure_overlay(steps)
+    except OverlayBuildError as error:
+        with open(run.log_path, "a") as log:
+            log.write(f"palaestra: {error}\n")
+        error_text = f"{type(error).__name__}: {error}"
+        run.update_status(state="failed", error=error_text, finished_at=time.time())
+        raise
+    with open(run.log_path, "a") as log:
+        log.write(f"palaestra: {overlay.describe()}\n")
+    return overlay
 
 
 def launch(config: TrainConfig, show_output: bool = False) -> TrainingRun:
@@ -155,8 +183,15 @@ def launch(config: TrainConfig, show_output: bool = False) -> TrainingRun:
 
 
 def train_here(config: TrainConfig) -> TrainResult:
+    """Train in this process; with an ``image_overlay``, the rest of this process runs in its
+    environment (its packages first on ``sys.path``, its variables set)."""
     from palaestra.launch.worker import execute
 
     run = create_run(config)
+    overlay = prepare_overlay(run)
+    if overlay is not None:
+        from palaestra.overlay.environment import activate_here
+
+        activate_here(overlay)
     execute(run, config)
     return TrainingRun(run).result()

@@ -1,0 +1,174 @@
+"""The overlay environment an ``image_overlay`` builds: layered on this one, built once and
+reused, commands run as written in it (pip, ``uv pip install --system``, ``python -c``), a
+failing command's error, and a launched run whose reward imports what the overlay installed.
+Nothing here needs the network: the packages are wheels written by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.wheels import write_wheel
+
+from palaestra.overlay import overlay_steps
+from palaestra.overlay.environment import OverlayBuildError, ensure_overlay
+from tests.support.tiny_runs import tiny_config, write_topics
+
+
+def run_in(overlay, code: str) -> str:
+    done = subprocess.run(
+        [str(overlay.python), "-c", code],
+        env=overlay.environment() | {"PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_commands_act_in_the_overlay_which_sees_this_environment(home, tmp_path):
+    pip_wheel = write_wheel(tmp_path, "overlay_pip_probe", 1)
+    uv_wheel = write_wheel(tmp_path, "overlay_uv_probe", 2)
+    runs = tmp_path / "runs.txt"
+    steps = overlay_steps(
+        lambda image: image.env({"PROBE_GREETING": "hello"}).run_commands(
+            f"pip install --no-index {pip_wheel}",
+            f"uv pip install --system --no-index {uv_wheel}",
+            f"python -c \"import os, sys; open('{runs}', 'a').write("
+            "sys.prefix + ' ' + os.environ['PROBE_GREETING'] + chr(10))\"",
+        )
+    )
+    overlay = ensure_overlay(steps)
+    assert overlay.built_s is not None
+    assert overlay.path.parent == home / "overlays" and overlay.path.is_symlink()
+    # python -c ran the overlay's Python, with the variable image.env set before it.
+    assert runs.read_text() == f"{overlay.path.resolve()} hello\n"
+    where = run_in(
+        overlay,
+        "import overlay_pip_probe, overlay_uv_probe, torch, palaestra, os; "
+        "print(overlay_pip_probe.__file__, overlay_uv_probe.VALUE, os.environ['PROBE_GREETING'])",
+    )
+    # Both installs went into the overlay, and this environment's packages (torch) are seen.
+    assert where.startswith(str(overlay.path / "lib"))
+    assert where.endswith(" 2 hello")
+    for probe in ("overlay_pip_probe", "overlay_uv_probe"):
+        alone = subprocess.run([sys.executable, "-c", f"import {probe}"], capture_output=True)
+        assert alone.returncode != 0, f"{probe} leaked into this environment"
+    again = ensure_overlay(steps)
+    assert again.built_s is None and again.path == overlay.path
+    assert "reused" in again.describe()
+    assert runs.read_text().count("\n") == 1  # nothing ran the second time
+
+
+def test_a_failing_command_names_itself_its_exit_code_and_its_output(home):
+    steps = overlay_steps(
+        lambda image: image.run_commands(
+            "echo first-step-ok",
+            "echo about to fail; echo the-reason >&2; exit 3",
+            "echo never",
+        )
+    )
+    with pytest.raises(OverlayBuildError) as error:
+        ensure_overlay(steps)
+    message = str(error.value)
+    assert "command 2 of 3 failed with exit code 3: echo about to fail;" in message
+    assert "    about to fail\n    the-reason" in message
+    assert list((home / "overlays").iterdir()) == [next((home / "overlays").glob("*.lock"))]
+
+
+def test_an_unreachable_index_fails_with_the_tools_own_error(home):
+    """No network (an index under .invalid, which never resolves): uv's own error, soon."""
+    steps = overlay_steps(
+        lambda image: image.uv_pip_install("six", index_url="https://pypi.invalid/simple")
+    )
+    started = time.monotonic()
+    with pytest.raises(OverlayBuildError) as error:
+        ensure_overlay(steps)
+    assert "exit code" in str(error.value) and "pypi.invalid" in str(error.value)
+    assert time.monotonic() - started < 300
+
+
+async def probe_reward(args, sample, **kwargs) -> float:
+    import overlay_run_probe  # installed by the run's image_overlay, not in this environment
+
+    return float(overlay_run_probe.VALUE)
+
+
+def test_a_launched_run_executes_in_the_overlay_and_reuses_it(home, tiny_model_dir, tmp_path):
+    wheel = write_wheel(tmp_path, "overlay_run_probe", 7)
+    data = write_topics(tmp_path / "topics.jsonl")
+    overlay = lambda image: image.run_commands(f"uv pip install --system --no-index {wheel}")  # noqa: E731
+    config = tiny_config(
+        tiny_model_dir, data, reward=probe_reward, num_rollout=1, image_overlay=overlay
+    )
+    first = config.launch()
+    result = first.result(timeout=600)
+    run = home / "runs" / result.training_run_id
+    log = (run / "train.log").read_text()
+    assert "image_overlay: built the environment at" in log, log
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["reward_mean"] == 7.0  # the reward imported the overlay's package
+    recorded = json.loads((run / "config.json").read_text())["recipe"]["image_overlay"]
+    assert recorded == [{"run": f"uv pip install --system --no-index {wheel}"}]
+    second = config.launch()
+    second.result(timeout=600)
+    log = (home / "runs" / second.training_run_id / "train.log").read_text()
+    assert "image_overlay: reused the environment at" in log, log
+
+
+def test_a_failing_overlay_fails_launch_before_training(home, tiny_model_dir, tmp_path):
+    data = write_topics(tmp_path / "topics.jsonl")
+    config = tiny_config(
+        tiny_model_dir,
+        data,
+        image_overlay=lambda image: image.pip_install("--no-index", "no-such-package-here"),
+    )
+    with pytest.raises(OverlayBuildError, match="exit code 1: python -m pip install"):
+        config.launch()
+    (run,) = (home / "runs").iterdir()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and "OverlayBuildError" in status["error"]
+    assert not (run / "metrics.jsonl").exists()
+    assert Path(run / "train.log").read_text().count("no-such-package-here") >= 1
+
+
+TRAIN_HERE = """
+import json, sys
+from pathlib import Path
+from test_overlay import probe_reward
+from tests.support.tiny_runs import tiny_config
+
+model_dir, data, wheel = sys.argv[1:]
+config = tiny_config(
+    Path(model_dir), Path(data), reward=probe_reward, num_rollout=1,
+    image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
+)
+result = config.train()
+print(json.dumps({"run_id": result.training_run_id, "prefix": sys.prefix}))
+"""
+
+
+def test_train_in_this_process_runs_the_rest_of_it_in_the_overlay(home, tiny_model_dir, tmp_path):
+    """``config.train()``: the caller's own process takes the overlay's packages and variables
+    (in a child process here, so this test session's sys.path stays as it is)."""
+    wheel = write_wheel(tmp_path, "overlay_run_probe", 3)
+    data = write_topics(tmp_path / "topics.jsonl")
+    path = [p for p in sys.path if p]
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_HERE, str(tiny_model_dir), str(data), str(wheel)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    run = home / "runs" / answer["run_id"]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["reward_mean"] == 3.0  # imported from the overlay, in this process
+    assert answer["prefix"] == sys.prefix  # the process kept its own Python
