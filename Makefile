@@ -52,7 +52,7 @@ lint: setup
 
 # The docs site, strict: a broken link or reference fails the build.
 docs: setup
-	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # vLLM's CPU build in a venv of its own: it pins transformers and pulls torchvision, torchaudio and
 # torchcodec, which do not load beside the CPU torch wheel and are not needed for text models.

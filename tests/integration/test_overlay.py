@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from support.wheels import write_wheel
 
 from palaestra.overlay import overlay_steps
 from palaestra.overlay.environment import OverlayBuildError, ensure_overlay
 from tests.support.tiny_runs import tiny_config, write_topics
+from tests.support.wheels import write_wheel
 
 
 def run_in(overlay, code: str) -> str:

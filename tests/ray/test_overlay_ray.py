@@ -9,9 +9,9 @@ import os
 import sys
 
 import pytest
-from support.wheels import write_wheel
 
 from tests.support.tiny_runs import tiny_config, write_topics
+from tests.support.wheels import write_wheel
 
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", os.urandom(32).hex())
