@@ -309,6 +309,55 @@ class Recipe(BaseModel):
     ``working_dir``...), merged with what ``image_overlay`` maps to. The reward runs in the
     driver (the run's own process), so what it imports must be installed there."""
 
+    # -- Learner sharding: the learner's ranks (torch.distributed, FSDP2), named as the Gym's.
+    actor_num_nodes: int = Field(1, ge=1)
+    """Machines the learner's ranks span (the Gym's ``actor_num_nodes``). Only 1 runs today:
+    more is an error naming this field."""
+    actor_num_gpus_per_node: int = Field(1, ge=1)
+    """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
+    default 1: one unsharded learner, as before). Above 1 the learner runs as that many
+    processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
+    sharded with FSDP2 and each step's batch split between them. With ``rollout_num_gpus=0``
+    the ranks are CPU processes over gloo (a rehearsal of a GPU layout on one machine, and
+    the equality test's setup); on GPUs each rank takes one and talks over NCCL."""
+    colocate: bool = False
+    """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
+    there). False: today's layout, learner and engines on devices of their own (with one GPU
+    or a CPU run they share it anyway). True with a sharded learner on several GPUs is not
+    built yet and is an error naming this field."""
+    activation_checkpointing: bool = False
+    """Sharded learner: recompute each transformer block's activations in the backward instead
+    of keeping them (less memory, about a third more forward arithmetic)."""
+    optimizer_offload: bool = False
+    """Sharded learner on GPUs: keep the sharded float32 weights, gradients and Adam moments in
+    host memory (FSDP2's ``CPUOffloadPolicy``), the optimiser step on the CPU. On a CPU run
+    everything is in host memory already: no effect."""
+
+    @property
+    def learner_ranks(self) -> int:
+        """Processes the learner runs as: ``actor_num_nodes * actor_num_gpus_per_node``."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @model_validator(mode="after")
+    def _check_sharding(self) -> Recipe:
+        if self.actor_num_nodes > 1:
+            raise ValueError(
+                f"actor_num_nodes={self.actor_num_nodes}: a learner spanning several machines "
+                "is not supported yet; use actor_num_nodes=1"
+            )
+        if self.learner_ranks > 1 and (self.rollout_num_gpus or self.backend == "ray"):
+            raise ValueError(
+                f"actor_num_gpus_per_node={self.actor_num_gpus_per_node}: a sharded learner "
+                "runs on CPU ranks of the local backend for now (rollout_num_gpus=0, "
+                "backend='local'); on GPUs and on Ray it is not wired yet"
+            )
+        if self.colocate and self.learner_ranks > 1:
+            raise ValueError(
+                "colocate=True with a sharded learner (engines sleeping through the update) "
+                "is not supported yet; set colocate=False"
+            )
+        return self
+
     @field_validator("apply_chat_template_kwargs", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:

@@ -136,7 +136,7 @@ class Learner:
         # before the first one; else (one update) the ratio is 1 and nothing is needed.
         old_B_T = batch.sampler_logprobs_B_T
         if old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss":
-            old_B_T = score_logprobs(self.model, batch, recipe)
+            old_B_T = self._policy_logprobs(batch)
         ref_B_T = None
         if self.reference is not None and recipe.kl_loss_coef > 0:
             ref_B_T = self.reference(batch)
@@ -150,6 +150,10 @@ class Learner:
             # Only the first update sees the policy the sampler had; later ones differ by design.
             metrics["sampler_logprob_abs_diff"] = updates[0]["sampler_logprob_abs_diff"]
         return metrics
+
+    def _policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """``logprobs_B_T`` of ``batch`` under the policy as it is now, no gradients."""
+        return score_logprobs(self.model, batch, self.recipe)
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on ``batch``, gradients accumulated over its micro-batches."""
