@@ -127,3 +127,54 @@ def test_two_ranks_match_one_process(case):
     for name, tensor in weights.items():
         # float32 sums in another order: a few ulps of drift per step
         torch.testing.assert_close(tensor, own[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
+
+
+def parts_from(folder, recipe: Recipe) -> RankParts:
+    """A rank's part continued from the checkpoint ``folder``."""
+    from transformers import AutoModelForCausalLM
+
+    return RankParts(AutoModelForCausalLM.from_pretrained(folder), None, build_tokenizer())
+
+
+@pytest.mark.parametrize("ranks_before, ranks_after", [(2, 1), (1, 2)])
+def test_resume_with_another_rank_count(tmp_path, ranks_before, ranks_after):
+    """Two steps on one rank count, a checkpoint, a third step on the other: the same loss
+    and weights as the third step of the learner that saved it (Adam's moments carried)."""
+    from transformers import AutoModelForCausalLM
+
+    recipe = recipe_of(lora=False, kl=False, train_micro_batch_size=3)
+    sharded_recipe = recipe.model_copy(update={"actor_num_gpus_per_node": 2})
+    sharded = ShardedLearner(functools.partial(build_parts, recipe), sharded_recipe)
+    folder = tmp_path / "step_2"
+    try:
+        if ranks_before == 2:
+            first, second = sharded, None
+        else:
+            first = one_process_learner(recipe)
+        for step in (1, 2):
+            first.train_step(*step_samples(step))
+        first.save(folder)
+        expected = first.train_step(*step_samples(3))["loss"]
+        expected_weights = (
+            sharded.weights(everything=True)
+            if first is sharded
+            else {k: v.detach().clone() for k, v in first.model.named_parameters()}
+        )
+        if ranks_after == 1:
+            second = Learner(AutoModelForCausalLM.from_pretrained(folder), recipe)
+        else:
+            sharded.close()
+            sharded = ShardedLearner(functools.partial(parts_from, folder, recipe), sharded_recipe)
+            second = sharded
+        second.load(folder)
+        got = second.train_step(*step_samples(3))["loss"]
+        got_weights = (
+            sharded.weights(everything=True)
+            if second is sharded
+            else dict(second.model.named_parameters())
+        )
+    finally:
+        sharded.close()
+    assert got == pytest.approx(expected, rel=1e-5)
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(got_weights[name].detach(), tensor, rtol=1e-4, atol=1e-6)

@@ -286,9 +286,7 @@ class RankLearner(Learner):
             load_sharded_optimizer(self.model, self.optimizer, folder / OPTIMIZER_SHARDS)
         else:
             load_whole_optimizer(self.model, self.optimizer, folder / OPTIMIZER_FILE)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.recipe.lr
-            group["weight_decay"] = self.recipe.weight_decay
+        self._use_recipe_rates()
 
 
 def void(micro: TrainBatch) -> TrainBatch:
