@@ -39,6 +39,8 @@ class Recipe(BaseModel):
       ``rollout_engine``, ``seed``, ``image_overlay``.
     - Backend: ``backend``, ``num_rollout_workers``, ``ray_address``, ``ray_cpus_per_worker``,
       ``runtime_env``.
+    - Learner sharding: ``actor_num_nodes``, ``actor_num_gpus_per_node``, ``colocate``,
+      ``activation_checkpointing``, ``optimizer_offload``.
     """
 
     model_config = ConfigDict(
@@ -317,14 +319,15 @@ class Recipe(BaseModel):
     """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
     default 1: one unsharded learner, as before). Above 1 the learner runs as that many
     processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
-    sharded with FSDP2 and each step's batch split between them. With ``rollout_num_gpus=0``
-    the ranks are CPU processes over gloo (a rehearsal of a GPU layout on one machine, and
-    the equality test's setup); on GPUs each rank takes one and talks over NCCL."""
+    sharded with FSDP2 and each step's batch split between them. Today the ranks are CPU
+    processes over gloo (``rollout_num_gpus=0``, ``backend="local"``): a rehearsal of a GPU
+    layout on one machine, with the same numbers as one process. GPU ranks over NCCL and
+    ranks as Ray actors are not wired yet and are refused naming this field."""
     colocate: bool = False
     """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
     there). False: today's layout, learner and engines on devices of their own (with one GPU
-    or a CPU run they share it anyway). True with a sharded learner on several GPUs is not
-    built yet and is an error naming this field."""
+    or a CPU run they share it anyway). True with a sharded learner (engines asleep through
+    the update) is not built yet and is an error naming this field."""
     activation_checkpointing: bool = False
     """Sharded learner: recompute each transformer block's activations in the backward instead
     of keeping them (less memory, about a third more forward arithmetic)."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from palaestra.backends.building import (
     device_of,
+    load_trainable_policy,
     make_engine,
     make_learner,
-    load_trainable_policy,
     make_sampler,
     prepare_data,
     starting_weights,

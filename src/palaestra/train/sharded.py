@@ -65,9 +65,7 @@ class ScoringPass(torch.nn.Module):
         self.dtype = dtype
 
     def forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return score_tokens(
-            self.policy, batch, self.temperature, self.dtype, share_prefixes=False
-        )
+        return score_tokens(self.policy, batch, self.temperature, self.dtype, share_prefixes=False)
 
 
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
