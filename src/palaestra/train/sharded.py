@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -268,6 +269,11 @@ class RankLearner(Learner):
         folder = Path(folder)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full = get_model_state_dict(self.model, options=options)
+        # A tied weight appears under each of its names; the HF folder keeps the one that
+        # named_parameters() keeps, as save_pretrained does on its own.
+        kept = {name for name, _ in self.model.named_parameters()}
+        kept |= {name for name, _ in self.model.named_buffers()}
+        full = {name: tensor for name, tensor in full.items() if name in kept}
         if self.rank == 0:
             self.model.save_pretrained(folder, state_dict=full)
             if self.tokenizer is not None:
@@ -307,7 +313,9 @@ def load_sharded_optimizer(model: torch.nn.Module, optimizer, path: Path) -> Non
 
     try:
         state = get_optimizer_state_dict(model, optimizer)  # the layout to read into
-        dcp.load({"optimizer": state}, checkpoint_id=str(path))
+        with warnings.catch_warnings():  # one process reading it whole is meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load({"optimizer": state}, checkpoint_id=str(path))
         set_optimizer_state_dict(model, optimizer, state)
     except (RuntimeError, KeyError, ValueError) as error:
         raise ValueError(f"{path}: {type(error).__name__}: {error}") from error
