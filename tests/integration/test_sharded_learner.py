@@ -207,3 +207,24 @@ def test_bfloat16_passes_stay_close_to_one_process():
     for name, tensor in weights.items():
         assert tensor.dtype == torch.bfloat16
         torch.testing.assert_close(tensor.float(), own[name].detach(), rtol=2e-2, atol=5e-3)
+
+
+def test_a_killed_rank_fails_the_call_naming_it():
+    """A rank that dies fails the learner's next call with the rank and its pid, and the other
+    rank is stopped rather than left waiting in a collective."""
+    import os
+    import signal
+
+    from palaestra.train.sharded_driver import LearnerRankError
+
+    recipe = recipe_of(lora=False, kl=False, actor_num_gpus_per_node=2)
+    sharded = ShardedLearner(functools.partial(build_parts, recipe), recipe)
+    victim, survivor = sharded.processes[1], sharded.processes[0]
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=30)
+        with pytest.raises(LearnerRankError, match=rf"learner rank 1 \(pid {victim.pid}\) died"):
+            sharded.train_step(*step_samples(1))
+        assert not survivor.is_alive()
+    finally:
+        sharded.close()

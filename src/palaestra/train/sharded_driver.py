@@ -113,6 +113,9 @@ class ShardedLearner:
     def _send(self, method: str, *args) -> None:
         if not self.conns:
             raise LearnerRankError("the sharded learner is closed")
+        for rank, process in enumerate(self.processes):
+            if not process.is_alive():
+                self._fail(rank, f"died (exit code {process.exitcode})")
         for rank, conn in enumerate(self.conns):
             try:
                 conn.send((method, args))
