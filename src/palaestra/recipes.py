@@ -319,10 +319,11 @@ class Recipe(BaseModel):
     """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
     default 1: one unsharded learner, as before). Above 1 the learner runs as that many
     processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
-    sharded with FSDP2 and each step's batch split between them. Today the ranks are CPU
-    processes over gloo (``rollout_num_gpus=0``, ``backend="local"``): a rehearsal of a GPU
-    layout on one machine, with the same numbers as one process. GPU ranks over NCCL and
-    ranks as Ray actors are not wired yet and are refused naming this field."""
+    sharded with FSDP2 and each step's batch split between them. Today the ranks run on CPUs
+    over gloo (``rollout_num_gpus=0``): processes of the run's own on the local backend, actors
+    on the driver's node on Ray. That rehearses a GPU layout on one machine with the same
+    numbers as one process. GPU ranks over NCCL are not wired yet: refused naming this
+    field."""
     colocate: bool = False
     """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
     there). False: today's layout, learner and engines on devices of their own (with one GPU
@@ -348,11 +349,10 @@ class Recipe(BaseModel):
                 f"actor_num_nodes={self.actor_num_nodes}: a learner spanning several machines "
                 "is not supported yet; use actor_num_nodes=1"
             )
-        if self.learner_ranks > 1 and (self.rollout_num_gpus or self.backend == "ray"):
+        if self.learner_ranks > 1 and self.rollout_num_gpus:
             raise ValueError(
                 f"actor_num_gpus_per_node={self.actor_num_gpus_per_node}: a sharded learner "
-                "runs on CPU ranks of the local backend for now (rollout_num_gpus=0, "
-                "backend='local'); on GPUs and on Ray it is not wired yet"
+                "runs on CPU ranks for now (rollout_num_gpus=0); GPU ranks are not wired yet"
             )
         if self.colocate and self.learner_ranks > 1:
             raise ValueError(

@@ -19,6 +19,7 @@ def test_defaults_keep_one_unsharded_learner():
 
 def test_cpu_ranks_count_the_learners_processes():
     assert Recipe(actor_num_gpus_per_node=2).learner_ranks == 2  # 1 node x 2 ranks
+    assert Recipe(actor_num_gpus_per_node=2, backend="ray").learner_ranks == 2
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,6 @@ def test_cpu_ranks_count_the_learners_processes():
     [
         (dict(actor_num_nodes=2), "actor_num_nodes=2"),
         (dict(actor_num_gpus_per_node=2, rollout_num_gpus=2), "actor_num_gpus_per_node=2"),
-        (dict(actor_num_gpus_per_node=2, backend="ray"), "actor_num_gpus_per_node=2"),
         (dict(actor_num_gpus_per_node=2, colocate=True), "colocate=True"),
         (dict(actor_num_gpus_per_node=0), "actor_num_gpus_per_node"),
     ],

@@ -165,8 +165,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def rank_main(rank: int, world: int, port: int, build, recipe: Recipe, conn) -> None:
-    """A rank's process: join the group, build and shard, then run commands until "close"."""
+def join_group(rank: int, world: int, port: int, build, recipe: Recipe):
+    """This process as rank ``rank`` of the learner's group (rank 0 listening on ``port`` of
+    this machine): its device, the group, and its ``RankLearner`` built by ``build``."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -185,17 +186,25 @@ def rank_main(rank: int, world: int, port: int, build, recipe: Recipe, conn) -> 
         world_size=world,
         timeout=COLLECTIVE_TIMEOUT,
     )
+    mesh = init_device_mesh(device.type, (world,))
+    return RankLearner(build(), recipe, mesh, device)
+
+
+def rank_main(rank: int, world: int, port: int, build, recipe: Recipe, conn) -> None:
+    """A rank's process: join the group, build and shard, then run commands until "close"."""
+    import torch.distributed as dist
+
     try:
         try:
-            mesh = init_device_mesh(device.type, (world,))
-            learner = RankLearner(build(), recipe, mesh, device)
+            learner = join_group(rank, world, port, build, recipe)
         except BaseException:
             conn.send(("error", traceback.format_exc()))
             return
         conn.send(("ok", None))
         serve(learner, conn)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def serve(learner, conn) -> None:
