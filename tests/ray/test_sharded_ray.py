@@ -39,5 +39,8 @@ def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts
     expected = load_file(local.checkpoints()[-1].path / "model.safetensors")
     got = load_file(checkpoint.path / "model.safetensors")
     assert got.keys() == expected.keys()
+    # Sums in another order, and Adam's lr 1e-2 steps amplify them where a gradient is tiny:
+    # within 1e-5, as the one-learner Ray test allows (2 local ranks against one process,
+    # this run's settings: at most 9e-6, in up_proj).
     for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-5)
