@@ -100,6 +100,8 @@ CASES = {
     "full-kl": dict(lora=False, kl=True, train_micro_batch_size=3, num_steps_per_rollout=2),
     "lora": dict(lora=True, kl=False, train_micro_batch_size=3),
     "lora-kl": dict(lora=True, kl=True, train_micro_batch_size=2),
+    # recomputing each block's activations in the backward changes no number
+    "full-recompute": dict(lora=False, kl=False, activation_checkpointing=True),
 }
 
 

@@ -56,3 +56,23 @@ def test_two_rank_run_trains_syncs_and_saves(home, tiny_model_dir, prompts_file)
     assert {float(v["step"]) for v in optimizer["state"].values()} == {3.0}
     state = json.loads((folder / "trainer_state.json").read_text())
     assert state["step"] == 3
+
+
+def test_two_rank_lora_run_saves_adapters_that_moved(home, tiny_model_dir, prompts_file):
+    """A LoRA run's checkpoint from 2 ranks holds its adapters (the gathered ones), as one
+    process's does: B matrices start at zero, so a step moved them off it."""
+    config = tiny_config(
+        tiny_model_dir,
+        prompts_file,
+        num_rollout=1,
+        precision="float32",
+        lora_rank=4,
+        actor_num_gpus_per_node=2,
+    )
+    (checkpoint,) = config.train().checkpoints()
+    assert (checkpoint.path / "adapter_config.json").is_file()
+    assert not (checkpoint.path / "model.safetensors").exists()
+    adapters = load_file(checkpoint.path / "adapter_model.safetensors")
+    lora_b = [tensor for name, tensor in adapters.items() if "lora_B" in name]
+    assert lora_b and all(tensor.abs().max() > 0 for tensor in lora_b)
+    assert all("lora_" in name for name in adapters)
