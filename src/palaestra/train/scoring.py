@@ -45,6 +45,7 @@ def score_tokens(
     temperature: float,
     dtype: torch.dtype,
     share_prefixes: bool = True,
+    lean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logprobs_B_T`` and ``entropy_B_T`` of the scored tokens of ``batch`` under ``model``,
     aligned like ``batch.mask_B_T`` (position t holds token t + 1's); 0 where the mask is 0.
@@ -54,7 +55,9 @@ def score_tokens(
 
     ``share_prefixes=False`` runs every row in one plain decoder pass (the same numbers): a
     sharded learner needs each rank to call every layer the same number of times, since each
-    call gathers that layer's weights from all ranks.
+    call gathers that layer's weights from all ranks. ``lean=False`` keeps the stock layers:
+    activation checkpointing recomputes a block after this function has returned, outside
+    ``lean_layers``, and the recomputed pass must save what the first one saved.
     """
     input_ids_B_T = batch.input_ids_B_T
     device = input_ids_B_T.device
@@ -77,7 +80,8 @@ def score_tokens(
     hidden, rows_N, cols_N = [], [], []
     # The weights' gradients go to .grad in the backward itself: the learner calls backward().
     in_place = torch.is_grad_enabled()
-    with autocast(device, dtype), lean_layers(model, grads_in_place=in_place):
+    layers = lean_layers(model, grads_in_place=in_place) if lean else contextlib.nullcontext()
+    with autocast(device, dtype), layers:
         # One embedding lookup for the micro-batch, so its backward (a dense, vocabulary-sized
         # gradient) runs once, however many passes read slices of it.
         embeds_B_T_D = model.get_input_embeddings()(input_ids_B_T)

@@ -59,14 +59,19 @@ class RankParts:
 class ScoringPass(torch.nn.Module):
     """The learner's forward pass as a module, so that FSDP2's root hooks wrap all of it."""
 
-    def __init__(self, policy: torch.nn.Module, temperature: float, dtype: torch.dtype) -> None:
+    def __init__(
+        self, policy: torch.nn.Module, temperature: float, dtype: torch.dtype, lean: bool
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.temperature = temperature
         self.dtype = dtype
+        self.lean = lean
 
     def forward(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return score_tokens(self.policy, batch, self.temperature, self.dtype, share_prefixes=False)
+        return score_tokens(
+            self.policy, batch, self.temperature, self.dtype, share_prefixes=False, lean=self.lean
+        )
 
 
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -100,7 +105,9 @@ def shard(
     for block in transformer_blocks(model):
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         fully_shard(block, mp_policy=policy, **options)
-    root = ScoringPass(model, recipe.rollout_temperature, dtype)
+    # Recomputed blocks run outside the lean layers' context: with checkpointing, stock ones.
+    lean = not recipe.activation_checkpointing
+    root = ScoringPass(model, recipe.rollout_temperature, dtype, lean)
     # The root's input is a TrainBatch: its float tensors (advantages) are not activations.
     policy = MixedPrecisionPolicy(
         param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
