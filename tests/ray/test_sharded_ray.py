@@ -22,7 +22,10 @@ def samples_of(run) -> list[dict]:
     return [{k: json.loads(line)[k] for k in keys} for line in lines]
 
 
-def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts_file):
+def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts_file, monkeypatch):
+    # A Ray instance of the run's own even where another cluster runs on this machine (ray.init
+    # would join that one, refusing the CPU count the run asks for).
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     fields = dict(num_rollout=2, precision="float32", train_micro_batch_size=3)
     local = tiny_config(tiny_model_dir, prompts_file, **fields).train()
     remote = tiny_config(
