@@ -34,6 +34,9 @@ from palaestra.atomic import fsync_folder, fsync_tree
 INFO_FILE = "palaestra.json"
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_SHARDS = "optimizer_shards"
+"""A sharded learner's optimiser state: a torch.distributed.checkpoint folder, keyed by
+parameter name, that any number of ranks (one included) reads back."""
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
 FOLDER_NAME = re.compile(r"^step_(\d{6,})$")
@@ -172,7 +175,8 @@ def _read_object(path: Path) -> dict[str, Any]:
 
 
 def has_optimizer_state(folder: str | Path) -> bool:
-    return (Path(folder) / OPTIMIZER_FILE).is_file()
+    folder = Path(folder)
+    return (folder / OPTIMIZER_FILE).is_file() or (folder / OPTIMIZER_SHARDS).is_dir()
 
 
 def is_adapter_checkpoint(folder: str | Path | None) -> bool:

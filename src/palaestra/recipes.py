@@ -41,6 +41,8 @@ class Recipe(BaseModel):
       ``rollout_engine``, ``seed``, ``image_overlay``.
     - Backend: ``backend``, ``num_rollout_workers``, ``ray_address``, ``ray_cpus_per_worker``,
       ``runtime_env``.
+    - Learner sharding: ``actor_num_nodes``, ``actor_num_gpus_per_node``, ``colocate``,
+      ``activation_checkpointing``, ``optimizer_offload``.
     """
 
     model_config = ConfigDict(
@@ -316,6 +318,56 @@ class Recipe(BaseModel):
     ``working_dir``...). The reward runs in the driver (the run's own process), where this
     does not apply: what the reward needs goes in ``image_overlay``, which reaches the driver
     and every actor."""
+
+    # -- Learner sharding: the learner's ranks (torch.distributed, FSDP2), named as the Gym's.
+    actor_num_nodes: int = Field(1, ge=1)
+    """Machines the learner's ranks span (the Gym's ``actor_num_nodes``). Only 1 runs today:
+    more is an error naming this field."""
+    actor_num_gpus_per_node: int = Field(1, ge=1)
+    """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
+    default 1: one unsharded learner, as before). Above 1 the learner runs as that many
+    processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
+    sharded with FSDP2 and each step's batch split between them. Today the ranks run on CPUs
+    over gloo (``rollout_num_gpus=0``): processes of the run's own on the local backend, actors
+    on the driver's node on Ray. That rehearses a GPU layout on one machine with the same
+    numbers as one process. GPU ranks over NCCL are not wired yet: refused naming this
+    field."""
+    colocate: bool = False
+    """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
+    there). False: today's layout, learner and engines on devices of their own (with one GPU
+    or a CPU run they share it anyway). True with a sharded learner (engines asleep through
+    the update) is not built yet and is an error naming this field."""
+    activation_checkpointing: bool = False
+    """Sharded learner: recompute each transformer block's activations in the backward instead
+    of keeping them (less memory, about a third more forward arithmetic)."""
+    optimizer_offload: bool = False
+    """Sharded learner on GPUs: keep the sharded float32 weights, gradients and Adam moments in
+    host memory (FSDP2's ``CPUOffloadPolicy``), the optimiser step on the CPU. On a CPU run
+    everything is in host memory already: no effect."""
+
+    @property
+    def learner_ranks(self) -> int:
+        """Processes the learner runs as: ``actor_num_nodes * actor_num_gpus_per_node``."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @model_validator(mode="after")
+    def _check_sharding(self) -> Recipe:
+        if self.actor_num_nodes > 1:
+            raise ValueError(
+                f"actor_num_nodes={self.actor_num_nodes}: a learner spanning several machines "
+                "is not supported yet; use actor_num_nodes=1"
+            )
+        if self.learner_ranks > 1 and self.rollout_num_gpus:
+            raise ValueError(
+                f"actor_num_gpus_per_node={self.actor_num_gpus_per_node}: a sharded learner "
+                "runs on CPU ranks for now (rollout_num_gpus=0); GPU ranks are not wired yet"
+            )
+        if self.colocate and self.learner_ranks > 1:
+            raise ValueError(
+                "colocate=True with a sharded learner (engines sleeping through the update) "
+                "is not supported yet; set colocate=False"
+            )
+        return self
 
     @field_validator("apply_chat_template_kwargs", mode="before")
     @classmethod

@@ -2,13 +2,16 @@
 
 The engine samples from the learner's very module, or from a bfloat16 copy of it where the
 hardware multiplies bfloat16 natively; a weight update then copies the learner's parameters
-into that copy (or, for the module itself, copies nothing).
+into that copy (or, for the module itself, copies nothing). With a sharded learner
+(``Recipe.learner_ranks`` above 1) the learner's ranks are processes of their own and the
+engine samples from a copy of the policy in this process (``backends.sharded``).
 """
 
 from __future__ import annotations
 
 from palaestra.backends.building import (
     device_of,
+    load_trainable_policy,
     make_engine,
     make_learner,
     make_sampler,
@@ -16,6 +19,7 @@ from palaestra.backends.building import (
     starting_weights,
     tokenizer_of,
 )
+from palaestra.backends.sharded import CheckedSampler, make_sharded_learner
 from palaestra.rollout.demonstrations import DemonstrationSampler
 from palaestra.rollout.sampler import GroupSampler
 from palaestra.train.learner import Learner
@@ -26,6 +30,23 @@ def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampl
     """The sampler and learner of ``config``, starting from ``start``."""
     tokenizer = tokenizer_of(config, start)
     data = prepare_data(config, tokenizer)  # a bad dataset fails before the model loads
+    if config.recipe.learner_ranks > 1:
+        return build_sharded(config, start, tokenizer, data)
     learner = make_learner(config, start, tokenizer, device_of(config))
     engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
     return make_sampler(config, engine, data), learner
+
+
+def build_sharded(config, start: Start, tokenizer, data) -> tuple[CheckedSampler, object]:
+    """A sharded learner's ranks, and a sampler over an engine with its own copy of the
+    policy (the ranks' weights reach it at the first sync, every tensor of them)."""
+    learner = make_sharded_learner(config, start)
+    try:
+        model, _ = load_trainable_policy(config, start, device_of(config))
+        engine = make_engine(config, model, tokenizer, starting_weights(config, start))
+        sampler = CheckedSampler(make_sampler(config, engine, data), engine, learner)
+        sampler.update_weights(learner.weights(everything=True), start.state.step)
+    except BaseException:
+        learner.close()
+        raise
+    return sampler, learner

@@ -65,7 +65,12 @@ def build_ray(config, start: Start):
     cluster = RayCluster.connect(recipe)
     try:
         remote_config = without_reward(config)
-        learner = RayLearner(cluster.start_learner(remote_config, start), ObjectStoreSync())
+        if recipe.learner_ranks > 1:  # the learner sharded over rank actors
+            from palaestra.backends.ray_sharded import start_ranks
+
+            learner = start_ranks(cluster, remote_config, start)
+        else:
+            learner = RayLearner(cluster.start_learner(remote_config, start), ObjectStoreSync())
         workers = cluster.start_workers(remote_config)
         threads = cluster.share_cores(learner.actor, workers)
         pool = WorkerPool(workers, threads, learner, cluster)

@@ -31,7 +31,7 @@ from palaestra.algo.losses import (
     kl_penalty,
     ppo_clip_loss,
 )
-from palaestra.checkpoints import OPTIMIZER_FILE
+from palaestra.checkpoints import OPTIMIZER_FILE, OPTIMIZER_SHARDS
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
 from palaestra.train.batch import TrainBatch, build_train_batch, micro_batches, mini_batches
@@ -105,7 +105,14 @@ class Learner:
     def load(self, folder: Path) -> None:
         """Continue from the optimiser state saved in ``folder`` (the weights were loaded with
         the model). The moments carry over; lr and weight decay come from this run's recipe.
-        A file that is not the state of this model's optimiser is a ValueError naming it."""
+        A file that is not the state of this model's optimiser is a ValueError naming it.
+        A sharded learner's state (``OPTIMIZER_SHARDS``, any rank count) loads here whole."""
+        if (Path(folder) / OPTIMIZER_SHARDS).is_dir():
+            from palaestra.train.sharded import load_sharded_optimizer
+
+            load_sharded_optimizer(self.model, self.optimizer, Path(folder) / OPTIMIZER_SHARDS)
+            self._use_recipe_rates()
+            return
         path = Path(folder) / OPTIMIZER_FILE
         try:
             # weights_only: tensors and plain containers; a pickled object's code never runs.
@@ -124,6 +131,9 @@ class Learner:
         except (RuntimeError, EOFError, KeyError, TypeError, ValueError) as error:
             reason = error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
             raise ValueError(f"{path}: {reason}") from error
+        self._use_recipe_rates()
+
+    def _use_recipe_rates(self) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = self.recipe.lr
             group["weight_decay"] = self.recipe.weight_decay
@@ -136,7 +146,7 @@ class Learner:
         # before the first one; else (one update) the ratio is 1 and nothing is needed.
         old_B_T = batch.sampler_logprobs_B_T
         if old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss":
-            old_B_T = score_logprobs(self.model, batch, recipe)
+            old_B_T = self._policy_logprobs(batch)
         ref_B_T = None
         if self.reference is not None and recipe.kl_loss_coef > 0:
             ref_B_T = self.reference(batch)
@@ -150,6 +160,10 @@ class Learner:
             # Only the first update sees the policy the sampler had; later ones differ by design.
             metrics["sampler_logprob_abs_diff"] = updates[0]["sampler_logprob_abs_diff"]
         return metrics
+
+    def _policy_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """``logprobs_B_T`` of ``batch`` under the policy as it is now, no gradients."""
+        return score_logprobs(self.model, batch, self.recipe)
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
         """One optimiser step on ``batch``, gradients accumulated over its micro-batches."""

@@ -88,6 +88,9 @@ def train_one_step(
     trained = time.monotonic()
     sampler.update_weights(learner.weights(), version=step)
     synced = time.monotonic()
+    timings = {"train_s": trained - sampled, "weight_sync_s": synced - trained}
+    if getattr(learner, "last_sync_bytes", None) is not None:  # bytes sent to the engine
+        timings["weight_sync_bytes"] = learner.last_sync_bytes
 
     # 5. Evaluate, when due.
     eval_metrics = {}
@@ -102,7 +105,7 @@ def train_one_step(
         rollout.metrics,
         train_metrics,
         eval_metrics,
-        timings={"train_s": trained - sampled, "weight_sync_s": synced - trained},
+        timings=timings,
     )
     state = TrainerState(step, state.last_step, rollout.cursor, run.run_id, rows, metrics)
     saved = None

@@ -40,13 +40,24 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 def score_tokens(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, dtype: torch.dtype
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    dtype: torch.dtype,
+    share_prefixes: bool = True,
+    lean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logprobs_B_T`` and ``entropy_B_T`` of the scored tokens of ``batch`` under ``model``,
     aligned like ``batch.mask_B_T`` (position t holds token t + 1's); 0 where the mask is 0.
 
     Tokens are scored under the sampling ``temperature`` (as the sampler saw them; top-p
     truncation is not modelled, as in TRL).
+
+    ``share_prefixes=False`` runs every row in one plain decoder pass (the same numbers): a
+    sharded learner needs each rank to call every layer the same number of times, since each
+    call gathers that layer's weights from all ranks. ``lean=False`` keeps the stock layers:
+    activation checkpointing recomputes a block after this function has returned, outside
+    ``lean_layers``, and the recomputed pass must save what the first one saved.
     """
     input_ids_B_T = batch.input_ids_B_T
     device = input_ids_B_T.device
@@ -54,7 +65,7 @@ def score_tokens(
     scored_B_T[:, -1] = False  # the last position predicts no token of the batch
     lengths_B = batch.attention_mask_B_T.sum(dim=1).tolist()
     decoder = model.get_decoder()
-    share = has_plain_attention(model.config)
+    share = share_prefixes and has_plain_attention(model.config)
     alone, shared = [], []
     for rows, start in prefix_groups(input_ids_B_T, scored_B_T):
         if share and len(rows) > 1 and start > 0:
@@ -69,7 +80,8 @@ def score_tokens(
     hidden, rows_N, cols_N = [], [], []
     # The weights' gradients go to .grad in the backward itself: the learner calls backward().
     in_place = torch.is_grad_enabled()
-    with autocast(device, dtype), lean_layers(model, grads_in_place=in_place):
+    layers = lean_layers(model, grads_in_place=in_place) if lean else contextlib.nullcontext()
+    with autocast(device, dtype), layers:
         # One embedding lookup for the micro-batch, so its backward (a dense, vocabulary-sized
         # gradient) runs once, however many passes read slices of it.
         embeds_B_T_D = model.get_input_embeddings()(input_ids_B_T)

@@ -1,0 +1,36 @@
+"""The learner-sharding fields of Recipe: defaults that keep one process, and refusals that
+name the field for layouts not built yet."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from palaestra.recipes import Recipe
+
+
+def test_defaults_keep_one_unsharded_learner():
+    recipe = Recipe()
+    assert (recipe.actor_num_nodes, recipe.actor_num_gpus_per_node) == (1, 1)
+    assert recipe.learner_ranks == 1
+    assert not recipe.colocate and not recipe.activation_checkpointing
+    assert not recipe.optimizer_offload
+
+
+def test_cpu_ranks_count_the_learners_processes():
+    assert Recipe(actor_num_gpus_per_node=2).learner_ranks == 2  # 1 node x 2 ranks
+    assert Recipe(actor_num_gpus_per_node=2, backend="ray").learner_ranks == 2
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(actor_num_nodes=2), "actor_num_nodes=2"),
+        (dict(actor_num_gpus_per_node=2, rollout_num_gpus=2), "actor_num_gpus_per_node=2"),
+        (dict(actor_num_gpus_per_node=2, colocate=True), "colocate=True"),
+        (dict(actor_num_gpus_per_node=0), "actor_num_gpus_per_node"),
+    ],
+)
+def test_layouts_not_built_yet_are_refused_naming_the_field(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        Recipe(**fields)
