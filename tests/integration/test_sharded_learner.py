@@ -8,7 +8,6 @@ import functools
 import pytest
 import torch
 
-from conftest import build_tiny_model, build_tokenizer
 from palaestra.recipes import Recipe
 from palaestra.train.learner import Learner
 from palaestra.train.lora import apply_lora
@@ -16,6 +15,7 @@ from palaestra.train.scoring import score_logprobs
 from palaestra.train.sharded import RankParts
 from palaestra.train.sharded_driver import ShardedLearner
 from palaestra.types import Sample
+from tests.support.tiny_models import build_tiny_model, build_tokenizer
 
 PROMPTS = ["Say sun", "Name a sea"]
 RESPONSES = [["abc", "xyz", "sun sun", "Qq"], ["blue", "red sea", "a", "Baltic"]]

@@ -8,7 +8,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from tiny_runs import tiny_config
+from tests.support.tiny_runs import tiny_config
 
 
 def test_two_rank_run_trains_syncs_and_saves(home, tiny_model_dir, prompts_file):

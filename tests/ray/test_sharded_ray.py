@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiny_runs import tiny_config
+from tests.support.tiny_runs import tiny_config
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
