@@ -78,6 +78,10 @@ LAZY_EDGES_ALLOWED = {
         "the interface the package defines"
     ),
     ("palaestra.trackers", "palaestra.trackers.to_wandb"): "as to_trackio",
+    ("palaestra.backends.ray", "palaestra.backends.ray_sharded"): (
+        "a run whose learner is sharded starts its rank actors from build_ray; the rank actors "
+        "are Ray actors of the same kind (ActorBase, the object-store weight sync)"
+    ),
 }
 
 

@@ -155,3 +155,18 @@ def make_sampler(
     if data.demonstrations is not None:
         return DemonstrationSampler(data.demonstrations, data.prompts, recipe, sampler)
     return sampler
+
+
+def without_reward(config):
+    """``config`` as the actors get it: the reward, an episode's functions (environment, tools,
+    custom generate function) and the datasets run in the driver, so they never travel."""
+    driver_only = {
+        "custom_rm_function": None,
+        "image_overlay": None,
+        "custom_generate_function": None,
+        "environment": None,
+        "tools": [],
+        "extra_config": {},
+    }
+    recipe = config.recipe.model_copy(update=driver_only)
+    return config.model_copy(update={"recipe": recipe, "eval_dataset": None})

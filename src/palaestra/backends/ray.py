@@ -42,6 +42,7 @@ from palaestra.backends.building import (
     make_sampler,
     prepare_data,
     tokenizer_of,
+    without_reward,
 )
 from palaestra.launch.checks import check_address, gpu_layout, import_ray, runtime_env_of
 from palaestra.models.loading import load_causal_lm, load_tokenizer
@@ -81,21 +82,6 @@ def build_ray(config, start: Start):
         cluster.shutdown()
         raise
     return make_sampler(config, pool, data), learner
-
-
-def without_reward(config):
-    """``config`` as the actors get it: the reward, an episode's functions (environment, tools,
-    custom generate function) and the datasets run in the driver, so they never travel."""
-    driver_only = {
-        "custom_rm_function": None,
-        "image_overlay": None,
-        "custom_generate_function": None,
-        "environment": None,
-        "tools": [],
-        "extra_config": {},
-    }
-    recipe = config.recipe.model_copy(update=driver_only)
-    return config.model_copy(update={"recipe": recipe, "eval_dataset": None})
 
 
 class RayCluster:

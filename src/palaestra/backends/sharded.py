@@ -56,7 +56,7 @@ class ShardedBuild:
 def make_sharded_learner(config, start: Start) -> ShardedLearner:
     """The run's learner over ``recipe.learner_ranks`` processes, its optimiser state loaded
     from the starting checkpoint when that state fits (as ``make_learner`` does)."""
-    from palaestra.backends.ray import without_reward  # the reward stays in this process
+    from palaestra.backends.building import without_reward  # the reward stays in this process
 
     recipe = config.recipe
     dtype = compute_dtype(recipe.precision, torch.device("cpu"))

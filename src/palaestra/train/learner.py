@@ -108,7 +108,7 @@ class Learner:
         A file that is not the state of this model's optimiser is a ValueError naming it.
         A sharded learner's state (``OPTIMIZER_SHARDS``, any rank count) loads here whole."""
         if (Path(folder) / OPTIMIZER_SHARDS).is_dir():
-            from palaestra.train.sharded import load_sharded_optimizer
+            from palaestra.train.optimizer_shards import load_sharded_optimizer
 
             load_sharded_optimizer(self.model, self.optimizer, Path(folder) / OPTIMIZER_SHARDS)
             self._use_recipe_rates()
