@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test lint setup-vllm test-vllm
+.PHONY: setup haiku number-guess test lint setup-vllm test-vllm bench-smoke
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ number-guess: setup
 test: setup setup-vllm
 	$(PY) -m pytest -q
 	$(VLLM_PY) -m pytest -q -m vllm tests/test_vllm_*.py
+
+# Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
+bench-smoke: setup
+	$(PY) bench/smoke.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests examples

@@ -1,6 +1,9 @@
 """Where one decode pass of the torch engine's fused pass goes: the products, and the rest.
 
     python bench/decode_pass.py [--rows 8] [--length 100] [--spread 8] [--repeats 40]
+    python bench/decode_pass.py --smoke    # 2 rows, 2 repeats: checks the code runs
+
+A real run records its result under bench/results/decode_pass/ (``bench/results.py``).
 
 The pass a running decoder makes once its rows are past their prompts: ``--rows`` rows of
 SmolLM2-135M-Instruct in float32, each decoding one token, in consecutive slots, at lengths
@@ -27,6 +30,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from results import add_arguments, record, smoke_defaults
 
 
 def median_ms(run: Callable[[], object], repeats: int) -> float:
@@ -50,7 +54,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=100, help="the first row's length")
     parser.add_argument("--spread", type=int, default=8, help="between consecutive rows")
     parser.add_argument("--repeats", type=int, default=40)
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, rows=2, length=16, repeats=2)
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = SmolLM2_135M()
@@ -106,6 +112,8 @@ def main() -> None:
     print("| pass | products | rest |\n|---:|---:|---:|")
     print(f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms |")
     print(json.dumps(report))
+    headline = {"pass ms": report["pass_ms"], "products ms": report["products_ms"]}
+    record("decode_pass", args, report, headline | {"rest ms": report["rest_ms"]})
 
 
 if __name__ == "__main__":

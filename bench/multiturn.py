@@ -1,10 +1,14 @@
 """A multi-turn GRPO step against a single-turn step of the same size, side by side.
 
     python bench/multiturn.py [--turns 4] [--turn-tokens 16] [--rounds 2] [--json out.json]
+    python bench/multiturn.py --smoke     # 2 x 2 episodes of 2 short turns, one timed round
+
+A real run records its result under bench/results/multiturn/ (``bench/results.py``).
 
 Both sides run what a training step runs (``GroupSampler.sample``, then
 ``Learner.train_step`` and the weight sync) on the embedded SmolLM2-135M-Instruct, built by the
-local backend's own functions, on the same 4 haiku prompts x 4 samples (16 sequences):
+local backend's own functions, on the same ``--prompts`` (4) haiku prompts x ``--samples`` (4)
+samples (16 sequences):
 
 - multi-turn: 16 episodes of an environment that asks for another haiku after each reply,
   ``--turns`` replies of ``--turn-tokens`` tokens each; every turn is one batched engine call
@@ -30,10 +34,10 @@ import statistics
 import tempfile
 import time
 
+from results import add_arguments, record, smoke_defaults
+
 from palaestra import LocalDataset, Recipe, SmolLM2_135M, TrainConfig, builtin_dataset
 from palaestra.types import Step
-
-P, G = 4, 4
 
 
 class AnotherHaiku:
@@ -57,6 +61,7 @@ def build(recipe: Recipe):
         make_learner,
         make_sampler,
         prepare_data,
+        starting_weights,
         tokenizer_of,
     )
     from palaestra.train.state import resolve_start
@@ -71,7 +76,7 @@ def build(recipe: Recipe):
     start = resolve_start(None, recipe.num_rollout, [], False)
     tokenizer = tokenizer_of(config, start)
     learner = make_learner(config, start, tokenizer, "cpu")
-    engine = make_engine(learner.model, tokenizer, recipe.precision)
+    engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
     engine.eos_ids = []  # every reply runs to its max_tokens: equal token counts on both sides
     return make_sampler(config, engine, prepare_data(config, tokenizer)), learner
 
@@ -103,14 +108,19 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--json", default=None)
+    add_arguments(parser)
     options = parser.parse_args()
+    smoke_defaults(options, parser, turns=2, turn_tokens=4, rounds=1, prompts=2, samples=2)
     os.environ.setdefault("PALAESTRA_HOME", tempfile.mkdtemp(prefix="palaestra-bench-"))
+    P, G = options.prompts, options.samples
     common = dict(
         rollout_batch_size=P,
         n_samples_per_prompt=G,
         lr=1e-6,
-        train_micro_batch_size=16,
+        train_micro_batch_size=P * G,
         custom_rm_function=reply_variety,
     )
     sides = {
@@ -162,11 +172,14 @@ def main() -> None:
     print()
     for name, ratio in ratios.items():
         print(f"multi-turn step / {name} step: {ratio:.2f}x")
+    options_json = {k: str(v) if k == "results_dir" else v for k, v in vars(options).items()}
+    figures = {"options": options_json, "summary": summary, "ratios": ratios}
     if options.json:
         with open(options.json, "w") as out:
-            json.dump(
-                {"options": vars(options), "summary": summary, "ratios": ratios}, out, indent=2
-            )
+            json.dump(figures, out, indent=2)
+    headline = {"multi-turn step s": round(summary["multi-turn"]["step_s"], 2)}
+    headline |= {f"vs {name}": round(ratio, 2) for name, ratio in ratios.items()}
+    record("multiturn", options, figures, headline)
 
 
 if __name__ == "__main__":

@@ -145,18 +145,19 @@ def machine() -> dict:
     }
 
 
-def measure_peaks(smoke: bool = False) -> dict[str, float]:
+def measure_peaks(smoke: bool = False, size: int = 1536) -> dict[str, float]:
     """The CPU's matmul peaks, GFLOP/s: float32, and bfloat16 where the CPU multiplies it
     natively (elsewhere torch emulates it at a few GFLOP/s, which would take minutes to time
-    and no bench computes in). A smoke run times small products once: its peaks only show
-    that the code runs."""
+    and no bench computes in). ``size`` is the products' width (the embedded model's MLP width
+    by default). A smoke run times small products twice: its peaks only show that the code
+    runs."""
     import torch
     from flops import matmul_peak_gflops
 
     from palaestra.models.loading import compute_dtype
 
     names = ["float32"] + (["bfloat16"] if compute_dtype("auto", "cpu") == torch.bfloat16 else [])
-    size, repeats = (256, 2) if smoke else (1536, 5)
+    size, repeats = (256, 2) if smoke else (size, 5)
     return {
         name: round(matmul_peak_gflops(getattr(torch, name), size, repeats), 1) for name in names
     }
