@@ -137,3 +137,35 @@ def test_cpu_kinds_from_flags(bench_modules):
     assert results.cpu_kind(AMX) == "AMX"
     assert results.cpu_kind(AMX | {"amx_bf16": False}) == "AVX-512 BF16"
     assert results.cpu_kind({}) == "AVX2-only"  # a CPU with none of the flags
+
+
+def test_a_record_is_written_atomically_where_asked_and_a_smoke_run_writes_nothing(
+    tmp_path, bench_modules, monkeypatch
+):
+    import argparse
+    import json
+    import re
+
+    _, results = bench_modules
+    monkeypatch.setattr(sys, "argv", ["bench/fake.py", "--smoke", "--steps", "1"])
+    figures, headline, peaks = {"step_s": [1.5, 2.5]}, {"step s": 2.0}, {"float32": 100.0}
+
+    smoke = argparse.Namespace(smoke=True, results_dir=None)
+    assert results.record("fake", smoke, figures, headline, peaks) is None
+    assert not (results.RESULTS / "fake").exists()
+
+    asked = argparse.Namespace(smoke=True, results_dir=tmp_path / "out")
+    path = results.record("fake", asked, figures, headline, peaks)
+    assert path.parent == tmp_path / "out" / "fake"
+    assert re.fullmatch(r"\d{8}T\d{6}Z-([0-9a-f]{7}|unknown)\.json", path.name)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    written = json.loads(path.read_text())
+    assert written["command"] == "python bench/fake.py --smoke --steps 1"
+    assert written["smoke"] is True
+    assert (written["figures"], written["headline"]) == (figures, headline)
+    assert written["matmul_gflops"] == peaks
+    assert path.name.endswith(f"-{written['commit_short']}.json")
+    machine = written["machine"]
+    assert list(machine["cpu_flags"]) == ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]
+    assert machine["cpu_kind"] == results.cpu_kind(machine["cpu_flags"])
+    assert machine["cores"] >= 1 and machine["torch_threads"] >= 1
