@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -66,11 +67,20 @@ def shared_home(folder: Path) -> dict[str, str]:
     return os.environ | {"PALAESTRA_HOME": str(home), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_one(name: str, argv: list[str], env: dict, log: Path, timeout: float) -> tuple[int, float]:
-    """(exit status, seconds) of ``bench/<name>.py --smoke``; 124 when it ran out of time.
-    The bench runs in a session of its own, so a timeout also ends the workers it started."""
+def cpu_seconds() -> float:
+    """User + system CPU time of this process's finished children (and theirs, once reaped)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_one(
+    name: str, argv: list[str], env: dict, log: Path, timeout: float
+) -> tuple[int, float, float]:
+    """(exit status, wall seconds, CPU seconds) of ``bench/<name>.py --smoke``; status 124
+    when it ran out of time. The bench runs in a session of its own, so a timeout also ends
+    the workers it started. CPU seconds say more than wall ones on a machine that is busy."""
     command = [sys.executable, str(BENCH / f"{name}.py"), "--smoke", *argv]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), cpu_seconds()
     with log.open("w") as out:
         process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -81,13 +91,13 @@ def run_one(name: str, argv: list[str], env: dict, log: Path, timeout: float) ->
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             status = 124
-    return status, time.monotonic() - started
+    return status, time.monotonic() - started, cpu_seconds() - cpu
 
 
-def report(name: str, status: int, seconds: float, log: Path) -> None:
+def report(name: str, status: int, seconds: float, cpu: float, log: Path) -> None:
     lines = log.read_text(errors="replace").splitlines()
     outcome = "ok" if status == 0 else ("TIMEOUT" if status == 124 else f"FAILED ({status})")
-    print(f"{outcome:12} {name:20} {seconds:6.1f} s", flush=True)
+    print(f"{outcome:12} {name:20} {seconds:6.1f} s  (CPU {cpu:6.1f} s)", flush=True)
     for line in lines:
         if ": skipped (" in line:
             print(f"{'':12} {line}")
@@ -117,8 +127,8 @@ def main() -> int:
         logs.mkdir(parents=True, exist_ok=True)
         for name in names:
             log = logs / f"{name}.log"
-            status, seconds = run_one(name, argv, env, log, args.timeout)
-            report(name, status, seconds, log)
+            status, seconds, cpu = run_one(name, argv, env, log, args.timeout)
+            report(name, status, seconds, cpu, log)
             if status != 0:
                 failed.append(name)
     total = time.monotonic() - started
