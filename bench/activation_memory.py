@@ -136,7 +136,7 @@ def main() -> None:
     )
 
     lean_layers = scoring.lean_layers
-    modes = {"lean": lean_layers, "stock": lambda model: contextlib.nullcontext(0)}
+    modes = {"lean": lean_layers, "stock": lambda model, **options: contextlib.nullcontext(0)}
     cuda = args.device.startswith("cuda")
     peaks = []
     if not cuda:
