@@ -741,9 +741,12 @@ def main() -> None:
 
 
 def headline(results: dict) -> dict:
-    """palaestra's step and its distance from the floor; each TRL side's step over it."""
+    """palaestra's step and its distance from the floor; each TRL side's step over it (a side's
+    own step where palaestra did not run)."""
     figures = {}
     for side, summary in results["sides"].items():
+        if side != "palaestra" and "palaestra" in results["sides"]:
+            continue
         figures[f"{side} step s"] = round(summary["step_s_mean"], 2)
         figures[f"{side} step / floor"] = round(summary["step_over_floor"], 2)
     for side in ("trl", "trl-bf16"):
