@@ -79,7 +79,7 @@ def run_one(
     """(exit status, wall seconds, CPU seconds) of ``bench/<name>.py --smoke``; status 124
     when it ran out of time. The bench runs in a session of its own, so a timeout also ends
     the workers it started. CPU seconds say more than wall ones on a machine that is busy."""
-    command = [sys.executable, str(BENCH / f"{name}.py"), "--smoke", *argv]
+    command = [sys.executable, f"bench/{name}.py", "--smoke", *argv]  # run from REPO
     started, cpu = time.monotonic(), cpu_seconds()
     with log.open("w") as out:
         process = subprocess.Popen(
