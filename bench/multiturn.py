@@ -1,7 +1,7 @@
 """A multi-turn GRPO step against a single-turn step of the same size, side by side.
 
     python bench/multiturn.py [--turns 4] [--turn-tokens 16] [--rounds 2] [--json out.json]
-    python bench/multiturn.py --smoke     # 2 x 2 episodes of 2 short turns, one timed round
+    python bench/multiturn.py --smoke     # 1 x 2 episodes of 2 short turns, one step a side
 
 A real run records its result under bench/results/multiturn/ (``bench/results.py``).
 
@@ -20,9 +20,10 @@ samples (16 sequences):
 
 The first single-turn side samples as many tokens as the multi-turn one; the second trains on
 as many. The engines ignore end-of-sequence tokens (a bench-only change) so that every reply
-runs to its limit and the counts match exactly. Sides alternate, one step at a time, after one
-untimed warm-up step each; the summary gives the median of ``--rounds`` timed steps and the
-ratio of the multi-turn step to each single-turn one.
+runs to its limit and the counts match exactly. Sides alternate, one step at a time, after
+``--warmup`` untimed steps each (1; the multi-turn side makes at least one); the summary
+gives the median of ``--rounds`` timed steps and the ratio of the multi-turn step to each
+single-turn one.
 """
 
 from __future__ import annotations
@@ -108,12 +109,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--json", default=None)
     add_arguments(parser)
     options = parser.parse_args()
-    smoke_defaults(options, parser, turns=2, turn_tokens=4, rounds=1, prompts=2, samples=2)
+    smoke_defaults(
+        options, parser, turns=2, turn_tokens=4, rounds=1, warmup=0, prompts=1, samples=2
+    )
     os.environ.setdefault("PALAESTRA_HOME", tempfile.mkdtemp(prefix="palaestra-bench-"))
     P, G = options.prompts, options.samples
     common = dict(
@@ -144,14 +148,18 @@ def main() -> None:
         Recipe(rollout_max_response_len=int(response), **common)
     )
     results: dict[str, list[dict]] = {name: [] for name in sides}
-    for step in range(options.rounds + 1):  # step 0: warm-up, untimed
+    made = {name: int(name == "multi-turn") for name in sides}  # steps each side has made
+    for round_ in range(options.warmup + options.rounds):
+        timed = round_ >= options.warmup
         for name, (sampler, learner) in sides.items():
-            if step == 0 and name == "multi-turn":
+            if not timed and made[name] > round_:
                 continue  # warmed up above
-            row = one_step(sampler, learner, step + 1)
-            if step:
+            made[name] += 1
+            row = one_step(sampler, learner, made[name])
+            if timed:
                 results[name].append(row)
-            print(f"{name:26s} step {step}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
+            label = f"{name:26s} step {made[name]}{'' if timed else ' (warm-up)'}: "
+            print(label + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
     summary = {
         name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         for name, rows in results.items()
