@@ -119,7 +119,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown bench {', '.join(unknown)}; known: {', '.join(BENCHES)}")
     argv = ["--results-dir", str(args.results_dir.resolve())] if args.results_dir else []
-    failed = [f"{name} (not listed in bench/smoke.py)" for name in unlisted()]
+    failed = unlisted()
+    for name in failed:
+        print(f"{'FAILED':12} {name:20} bench/{name}.py is not listed in bench/smoke.py")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="palaestra-smoke-") as folder:
         env = shared_home(Path(folder))
