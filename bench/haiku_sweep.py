@@ -169,7 +169,7 @@ def main() -> None:
         summary |= {
             "lr": lr,
             "temperature": temperature,
-            "max_tokens": length,
+            "max_tokens": config.recipe.rollout_max_response_len,  # a smoke run's is shorter
             "seed": seed,
             "base": bases[temperature, length],
             "wall_s": time.monotonic() - started,
