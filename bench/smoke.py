@@ -16,6 +16,7 @@ file that this script does not list fails it too, so a new bench cannot go unsmo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import signal
@@ -88,7 +89,15 @@ def run_one(
         try:
             status = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            # Ctrl-C first: the bench's finally blocks stop what lives outside its session (an
+            # endpoint's server); then whatever is left of the session goes.
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             status = 124
     return status, time.monotonic() - started, cpu_seconds() - cpu
