@@ -269,7 +269,8 @@ def main() -> None:
     problems = [p for r in reports for p in failures(r)]
     if args.json:
         args.json.write_text(json.dumps({**head, "models": reports}, indent=2) + "\n")
-    record("gpu_check", args, {**head, "models": reports}, gpu_headline(head, reports))
+    headline = gpu_headline(head, reports) | {"checks": "FAILED" if problems else "passed"}
+    record("gpu_check", args, {**head, "models": reports, "problems": problems}, headline)
     if problems:
         raise SystemExit("FAILED: " + "; ".join(problems))
     print("\nall checks passed")
