@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test test-fast test-integration lint docs setup-vllm test-vllm
+.PHONY: setup haiku number-guess test test-fast test-integration lint docs setup-vllm test-vllm bench-smoke
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,10 @@ test-fast: setup
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
+
+# Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
+bench-smoke: setup
+	$(PY) bench/smoke.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench examples

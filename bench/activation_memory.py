@@ -4,6 +4,9 @@ what they cost: the same updates with and without them, side by side.
     python bench/activation_memory.py [--device cpu|cuda] [--precisions float32,bfloat16]
                                       [--prompts 4] [--samples 8] [--prompt-tokens 30]
                                       [--response-tokens 40] [--micro-batch 16] [--rounds 3]
+    python bench/activation_memory.py --smoke   # 2 layers, 2 short answers, one round
+
+A real run records its result under bench/results/activation_memory/ (``bench/results.py``).
 
 The model has the embedded model's shape (SmolLM2-135M: 30 layers, hidden 576, MLP 1536, 9
 heads over 3 key/value heads, vocabulary 49152, tied head) with random weights, so nothing is
@@ -34,9 +37,10 @@ import statistics
 import time
 
 import torch
+from results import add_arguments, record, smoke_defaults
 
 
-def embedded_shape_model(device: str):
+def embedded_shape_model(device: str, layers: int = 30):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -44,7 +48,7 @@ def embedded_shape_model(device: str):
         vocab_size=49152,
         hidden_size=576,
         intermediate_size=1536,
-        num_hidden_layers=30,
+        num_hidden_layers=layers,
         num_attention_heads=9,
         num_key_value_heads=3,
         max_position_embeddings=2048,
@@ -115,18 +119,31 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, default=40)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=30, help="of the embedded model's 30")
     parser.add_argument("--json", default=None)
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(
+        args,
+        parser,
+        layers=2,
+        prompts=1,
+        samples=2,
+        prompt_tokens=4,
+        response_tokens=4,
+        micro_batch=2,
+        rounds=1,
+    )
 
     lean_layers = scoring.lean_layers
-    modes = {"lean": lean_layers, "stock": lambda model: contextlib.nullcontext(0)}
+    modes = {"lean": lean_layers, "stock": lambda model, **options: contextlib.nullcontext(0)}
     cuda = args.device.startswith("cuda")
     peaks = []
     if not cuda:
         from flops import matmul_peak_gflops
 
         peaks.append(matmul_peak_gflops(torch.float32))
-    model = embedded_shape_model(args.device)
+    model = embedded_shape_model(args.device, args.layers)
     batch = synthetic_batch(args)
     rows = []
     for precision in args.precisions.split(","):
@@ -190,13 +207,16 @@ def main() -> None:
         "device": name,
         "torch": torch.__version__,
         "float32_matmul_gflops": peaks,
-        "args": vars(args),
+        "args": {k: str(v) if k == "results_dir" else v for k, v in vars(args).items()},
         "rows": rows,
     }
     print(json.dumps(report))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
+    headline = {f"{r['precision']} {r['mode']} kept MiB": r["saved_mib"] for r in rows}
+    headline |= {f"{r['precision']} {r['mode']} update s": r["update_s"] for r in rows}
+    record("activation_memory", args, report, headline, {"float32": max(peaks)} if peaks else None)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Where one decode pass of the torch engine's fused pass goes: the products, and the rest.
 
     python bench/decode_pass.py [--rows 8] [--length 100] [--spread 8] [--repeats 40]
+    python bench/decode_pass.py --smoke    # 2 rows, 2 repeats: checks the code runs
+
+A real run records its result under bench/results/decode_pass/ (``bench/results.py``).
 
 The pass a running decoder makes once its rows are past their prompts: ``--rows`` rows of
 SmolLM2-135M-Instruct in float32, each decoding one token, in consecutive slots, at lengths
@@ -27,6 +30,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from results import add_arguments, record, skip, smoke_defaults
 
 
 def median_ms(run: Callable[[], object], repeats: int) -> float:
@@ -50,13 +54,17 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=100, help="the first row's length")
     parser.add_argument("--spread", type=int, default=8, help="between consecutive rows")
     parser.add_argument("--repeats", type=int, default=40)
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, rows=2, length=16, repeats=2)
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = SmolLM2_135M()
     model = load_causal_lm(config.weights_path(), torch.float32, "cpu", config.revision).eval()
     fused = fused_pass.fused_pass(model)
     if fused is None:
+        if args.smoke:  # the engine takes its other path here: nothing of this bench's to run
+            return skip("the fused pass", "packed products are unavailable on this machine")
         raise SystemExit("no fused pass on this machine (packed products unavailable)")
     lengths = [args.length + i * args.spread for i in range(args.rows)]
     kv = slot_attention.SlotKV(model.config, torch.float32, torch.device("cpu"))
@@ -106,6 +114,8 @@ def main() -> None:
     print("| pass | products | rest |\n|---:|---:|---:|")
     print(f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms |")
     print(json.dumps(report))
+    headline = {"pass ms": report["pass_ms"], "products ms": report["products_ms"]}
+    record("decode_pass", args, report, headline | {"rest ms": report["rest_ms"]})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Generation throughput of an Endpoint at concurrency 1 and 8, through its HTTP API.
 
     python bench/endpoint_throughput.py [--requests 16] [--max-tokens 64] [--model SmolLM2_135M]
+    python bench/endpoint_throughput.py --smoke   # 2 requests of 8 tokens, 16-token long ones
+
+A real run records its result under bench/results/endpoint_throughput/ (``bench/results.py``).
 
 Launches an endpoint on the model (the embedded default unless told otherwise), sends the same
 chat requests (haiku prompts, temperature 1, one seed each) first one at a time, then eight at a
@@ -21,6 +24,8 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from results import add_arguments, record, smoke_defaults
 
 TOPICS = [
     "rain",
@@ -76,7 +81,7 @@ def short_latency(endpoint) -> float:
     return time.monotonic() - started
 
 
-def latency_among_long(endpoint, long_tokens: int = 384) -> dict[str, float]:
+def latency_among_long(endpoint, long_tokens: int = 384, settle_s: float = 2.0) -> dict[str, float]:
     """Median latency of a short request alone and while four long ones generate."""
     alone = statistics.median(short_latency(endpoint) for _ in range(3))
     finished: list[float] = []
@@ -93,7 +98,7 @@ def latency_among_long(endpoint, long_tokens: int = 384) -> dict[str, float]:
 
     with ThreadPoolExecutor(4) as pool:
         longs = [pool.submit(long, i) for i in range(4)]
-        time.sleep(2.0)  # the long requests are prefilled and decoding
+        time.sleep(settle_s)  # the long requests are prefilled and decoding
         among, answered = [], []
         for _ in range(3):
             among.append(short_latency(endpoint))
@@ -116,7 +121,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", default="SmolLM2_135M", help="a catalogue class name")
+    parser.add_argument("--long-tokens", type=int, default=384, help="of the long requests")
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, requests=2, max_tokens=8, long_tokens=16)
 
     model = getattr(palaestra, args.model)()
     endpoint = Endpoint.launch(model, name="bench-throughput", recreate_if_existing=True)
@@ -127,7 +135,7 @@ def main() -> None:
         # A seeded row is computed so that its reply repeats whatever shares its passes, which
         # costs a lone request time; an unseeded one alone takes the fastest path.
         results.append(run(endpoint, args.requests, args.max_tokens, 1, seeded=False))
-        latency = latency_among_long(endpoint)
+        latency = latency_among_long(endpoint, args.long_tokens, 0.2 if args.smoke else 2.0)
     finally:
         endpoint.stop()
     columns = ("concurrency", "seeded", "requests", "tokens", "seconds", "tokens/s")
@@ -145,17 +153,21 @@ def main() -> None:
         f"{latency['short_among_long_s']} s among 4 long ones ({latency['ratio']}x); "
         f"{latency['longs_still_running_at_last_short']} of 4 long ones still running then"
     )
-    print(
-        json.dumps(
-            {
-                "model": model.name,
-                "max_tokens": args.max_tokens,
-                "results": results,
-                "speedup_8_over_1": round(speedup, 2),
-                "latency": latency,
-            }
-        )
-    )
+    figures = {
+        "model": model.name,
+        "max_tokens": args.max_tokens,
+        "results": results,
+        "speedup_8_over_1": round(speedup, 2),
+        "latency": latency,
+    }
+    print(json.dumps(figures))
+    headline = {
+        "tokens/s at 1": results[0]["tokens_per_s"],
+        "tokens/s at 8": results[1]["tokens_per_s"],
+        "8 / 1": round(speedup, 2),
+        "short among long / alone": latency["ratio"],
+    }
+    record("endpoint_throughput", args, figures, headline)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Crash safety at scale: one training run killed (SIGKILL) at random moments, resumed after
-every kill, then resumed to the end. Not run by CI; ``tests/integration/faults/test_kills.py`` is
-the short form (one kill per moment).
+every kill, then resumed to the end. CI runs only its smoke form;
+``tests/integration/faults/test_kills.py`` is the short form (one kill per moment).
 
     .venv/bin/python bench/faults.py [--kills 100] [--seed 0]
+    .venv/bin/python bench/faults.py --smoke     # one random kill, no kills on purpose
+
+A real run records its result under bench/results/faults/ (``bench/results.py``).
 
 The run is the test suite's tiny model (a 2-layer, 32-wide Llama built in code; 2 prompts x 4
 samples a step, a reward that takes 50 ms, a checkpoint every 2 steps, evaluation every 2). Each
@@ -36,6 +39,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]  # the tiny model and the kill helpers the tests use (tests.support)
+
+from results import add_arguments, record, skip, smoke_defaults  # noqa: E402
 
 from tests.support.moments import (  # noqa: E402
     MOMENTS,
@@ -116,7 +121,7 @@ class Checker:
         return problems
 
 
-def run_bench(kills: int, seed: int, home: Path) -> dict:
+def run_bench(kills: int, seed: int, home: Path, on_purpose: bool = True) -> dict:
     rng = random.Random(seed)
     model_dir = home / "tiny-model"
     tokenizer = build_tokenizer()
@@ -162,16 +167,19 @@ def run_bench(kills: int, seed: int, home: Path) -> dict:
             offset = log_of(run).stat().st_size
             run = run.resume()
 
-        for moment in REQUIRED:
-            if counts[moment] == 0:
-                if moment == "saving":
-                    kill_while_saving(run, timeout=300)
-                else:
-                    kill_at(run, moment, timeout=300, seed=seed)
-                targeted[moment] += 1
-                checker.after_kill(run)
-                print(f"kill on purpose: {moment}", flush=True)
-                run = run.resume()
+        missed = [moment for moment in REQUIRED if counts[moment] == 0]
+        if not on_purpose and missed:
+            skip("kills on purpose", f"smoke run; not reached: {', '.join(missed)}")
+            missed = []
+        for moment in missed:
+            if moment == "saving":
+                kill_while_saving(run, timeout=300)
+            else:
+                kill_at(run, moment, timeout=300, seed=seed)
+            targeted[moment] += 1
+            checker.after_kill(run)
+            print(f"kill on purpose: {moment}", flush=True)
+            run = run.resume()
 
         run.result(timeout=1800)
     except BaseException:
@@ -229,13 +237,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=100, help="random-moment kills (100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random moments (0)")
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, kills=1)
     with tempfile.TemporaryDirectory(prefix="palaestra-faults-") as folder:
         os.environ["PALAESTRA_HOME"] = str(Path(folder) / "home")
-        result = run_bench(args.kills, args.seed, Path(folder))
+        result = run_bench(args.kills, args.seed, Path(folder), on_purpose=not args.smoke)
     print()
     print(summary(result, sys.argv[1:]))
-    return 0 if result["status"] == "completed" and not result["corrupt"] else 1
+    ok = result["status"] == "completed" and not result["corrupt"]
+    headline = {
+        "kills survived": result["kills"] if ok else f"NOT ALL of {result['kills']}",
+        "corrupt checkpoints": len(result["corrupt"]),
+        "metric steps lost or doubled": result["duplicated"] + result["missing"],
+        "wall s": round(result["wall_s"], 1),
+    }
+    record("faults", args, result, headline)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/flood.py [--requests 10000]
         [--concurrency 128] [--max-queued 64] [--max-tokens 16] [--model tiny|SmolLM2_135M]
+    .venv/bin/python bench/flood.py --smoke    # 48 requests, 8 in flight, a queue of 4
+
+A real run records its result under bench/results/flood/ (``bench/results.py``).
 
 Launches an endpoint (by default the tiny 2-layer model that tests/support/tiny_models.py builds
 in code; ``--model SmolLM2_135M`` serves the embedded SmolLM2) and sends it ``--requests`` chat
@@ -216,6 +219,9 @@ def summary(args, tally: Tally, rss: tuple[int, int], wall_s: float) -> dict:
 def main() -> None:
     import tempfile
 
+    # Here, not at the top: tests/integration/faults/test_flood.py loads this file without bench/ on the path.
+    from results import add_arguments, record, smoke_defaults
+
     import palaestra
     from palaestra import Endpoint
 
@@ -225,7 +231,9 @@ def main() -> None:
     parser.add_argument("--max-queued", type=int, default=64, help="the endpoint's queue bound")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", default="tiny", help="tiny, or a catalogue class name")
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, requests=48, concurrency=8, max_queued=4)
 
     with tempfile.TemporaryDirectory() as folder:
         if args.model == "tiny":
@@ -272,6 +280,14 @@ def main() -> None:
         f"({result['rss_change']:+.1%}); wall {result['wall_s']} s; a normal request after: 200"
     )
     print(json.dumps(result))
+    headline = {
+        "requests": result["sent"],
+        "lost": result["lost"],
+        "refused": result["refused"],
+        "p99 s": result["p99_s"],
+        "RSS change %": round(100 * result["rss_change"], 1),
+    }
+    record("flood", args, result, headline)
     if result["lost"]:
         sys.exit(f"lost {result['lost']} requests: {result['lost_why']}")
 

@@ -28,6 +28,11 @@ A token that attends to ``c`` positions (itself and those before it) costs, per 
 
 The training count charges the lm_head on prompt tokens too, although only response tokens
 need logits: the floor is a count of the step's shapes, not of any one implementation's tricks.
+
+Run as a script, it measures the peaks and records them (``bench/results/flops/``):
+
+    python bench/flops.py              # the real run: 1536-wide products, best of 5
+    python bench/flops.py --smoke      # small products once, nothing written
 """
 
 from __future__ import annotations
@@ -126,3 +131,26 @@ def matmul_peak_gflops(
             torch.matmul(a, b)
         best = min(best, time.perf_counter() - started)
     return 2.0 * size**3 * calls / best / 1e9
+
+
+def main() -> None:
+    """Measure the matmul peaks and record them as this machine's ``flops`` result."""
+    import argparse
+    import os
+
+    from results import add_arguments, measure_peaks, record
+
+    parser = argparse.ArgumentParser(description="The CPU's float32 and bfloat16 matmul peaks.")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    add_arguments(parser)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    peaks = measure_peaks(smoke=args.smoke)
+    for name, gflops in peaks.items():
+        print(f"{name} matmul peak: {gflops:.1f} GFLOP/s ({args.threads} threads)")
+    headline = {f"{name} GFLOP/s": gflops for name, gflops in peaks.items()}
+    record("flops", args, {"threads": args.threads, "peaks": peaks}, headline, peaks)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,11 @@
 
     python bench/generation.py [--requests 16] [--max-tokens 64] [--concurrency 8] [--rounds 1]
                                [--endpoint] [--vllm float32,bfloat16] [--json PATH]
+    python bench/generation.py --smoke     # 2 requests of 8 tokens; vLLM float32 where installed
+
+The vLLM modes need vLLM's venv: ``make setup-vllm``, then ``.venv-vllm/bin/python
+bench/generation.py --rounds 3 --vllm float32,bfloat16``. A real run records its result under
+bench/results/generation/ (``bench/results.py``).
 
 Every mode answers the same chat requests ("Write a haiku about {topic}." with the haiku test
 split's topics, request i seeded with i, temperature 1, top-p 1, no top-k) on SmolLM2-135M-Instruct,
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from results import add_arguments, record, skip, smoke_defaults
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,16 @@ def main() -> None:
     parser.add_argument("--endpoint", action="store_true", help="also time an Endpoint")
     parser.add_argument("--vllm", default="", help="vLLM engine dtypes to time, e.g. float32")
     parser.add_argument("--json", type=Path, help="also write the JSON results here")
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, requests=2, max_tokens=8, concurrency=2, vllm="float32")
+    from palaestra.engine.vllm_engine import vllm_available
+
+    if args.vllm and not vllm_available():
+        if not args.smoke:
+            parser.error("--vllm needs vLLM: make setup-vllm, then run with .venv-vllm/bin/python")
+        skip(f"vllm-{args.vllm}", "vLLM is not installed here; .venv-vllm has it")
+        args.vllm = ""
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -292,6 +307,8 @@ def main() -> None:
     print(json.dumps(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    headline = {f"{row['mode']} tokens/s": row["tokens_per_s_median"] for row in rows}
+    record("generation", args, report, headline)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 by the code a user's run uses, and how far bfloat16 strays from float32 there.
 
     python bench/gpu_check.py [--models tiny,embedded] [--steps 3] [--tokenizer DIR] [--json PATH]
+    python bench/gpu_check.py --smoke   # the tiny model, one small float32 step; on the CPU
+                                        # where torch sees no GPU
+
+A real run records its result under bench/results/gpu_check/ (``bench/results.py``).
 
 For each model:
 - **precision**: ``bench/precision.py``'s comparison on the GPU. One step's haiku answers are
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import torch
 from precision import precision_report
+from results import add_arguments, record, skip, smoke_defaults
 
 # Bounds, in nats, for the checks that fail the script: bfloat16 has 8 bits of mantissa, so a
 # log-prob near -5 moves by ~0.02 per rounding; means of a few hundredths are expected, and a
@@ -93,10 +98,15 @@ def tiny_model_dir(tokenizer_dir: str, folder: Path) -> Path:
     return folder
 
 
-PROMPTS, SAMPLES = 8, 8
+FULL = {"prompts": 8, "samples": 8, "max_tokens": 64, "precision": (4, 8, 48)}
+SMOKE = {"prompts": 2, "samples": 2, "max_tokens": 8, "precision": (1, 2, 8)}
+"""A training step's prompts x samples and answer length, and the precision check's (prompts,
+samples, answer length): the real run's and the smoke run's."""
 
 
-def train_rows(model_config, precision: str, steps: int, gpus: int, reward) -> list[dict]:
+def train_rows(
+    model_config, precision: str, steps: int, gpus: int, reward, size: dict = FULL
+) -> list[dict]:
     """The metrics rows of a run of ``steps`` GRPO steps on ``gpus`` GPUs (0: the CPU),
     trained in this process."""
     from palaestra import HuggingFaceDataset, Recipe, TrainConfig, builtin_dataset
@@ -111,9 +121,9 @@ def train_rows(model_config, precision: str, steps: int, gpus: int, reward) -> l
         ),
         recipe=Recipe(
             num_rollout=steps,
-            rollout_batch_size=PROMPTS,
-            n_samples_per_prompt=SAMPLES,
-            rollout_max_response_len=64,
+            rollout_batch_size=size["prompts"],
+            n_samples_per_prompt=size["samples"],
+            rollout_max_response_len=size["max_tokens"],
             lr=1e-5,
             rollout_num_gpus=gpus,
             precision=precision,
@@ -125,8 +135,8 @@ def train_rows(model_config, precision: str, steps: int, gpus: int, reward) -> l
     return config.train().metrics()
 
 
-def step_summary(row: dict) -> dict:
-    tokens = row["response_length_mean"] * PROMPTS * SAMPLES
+def step_summary(row: dict, size: dict = FULL) -> dict:
+    tokens = row["response_length_mean"] * size["prompts"] * size["samples"]
     keys = ("step", "step_s", "rollout_s", "train_s", "loss", "grad_norm", "reward_mean")
     summary = {k: row[k] for k in keys if k in row}
     summary["generated_tokens_per_s"] = tokens / row["rollout_s"]
@@ -135,7 +145,9 @@ def step_summary(row: dict) -> dict:
     return summary
 
 
-def check_model(name: str, model_config, steps: int, device: str, precisions: list[str]) -> dict:
+def check_model(
+    name: str, model_config, steps: int, device: str, precisions: list[str], size: dict = FULL
+) -> dict:
     from palaestra.models.loading import load_causal_lm, load_tokenizer
 
     weights = model_config.weights_path()
@@ -143,7 +155,10 @@ def check_model(name: str, model_config, steps: int, device: str, precisions: li
     model = load_causal_lm(weights, torch.float32).to(device)
     report: dict = {"model": name, "parameters": sum(p.numel() for p in model.parameters())}
     score = distinct_characters if name == "tiny" else None
-    report["precision"] = precision_report(model, tokenizer, 4, 8, 48, torch.bfloat16, score)
+    prompts, samples, max_tokens = size["precision"]
+    report["precision"] = precision_report(
+        model, tokenizer, prompts, samples, max_tokens, torch.bfloat16, score
+    )
     del model
     cuda = device == "cuda"
     if cuda:
@@ -153,11 +168,11 @@ def check_model(name: str, model_config, steps: int, device: str, precisions: li
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         reward = distinct_reward if name == "tiny" else haiku_reward
-        rows = train_rows(model_config, precision, steps, 1 if cuda else 0, reward)
+        rows = train_rows(model_config, precision, steps, 1 if cuda else 0, reward, size)
         report[f"train_{precision}"] = {
             "wall_s": time.perf_counter() - started,
             "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0,
-            "steps": [step_summary(row) for row in rows],
+            "steps": [step_summary(row, size) for row in rows],
         }
     return report
 
@@ -195,6 +210,17 @@ def print_report(report: dict) -> None:
             )
 
 
+def gpu_headline(head: dict, reports: list[dict]) -> dict:
+    """The GPU, its bfloat16 rate, and each model's median step time per precision."""
+    headline = {"GPU": head["gpu"], "bf16 TFLOP/s": round(head["bf16_matmul_tflops"], 1)}
+    for report in reports:
+        for key in [k for k in report if k.startswith("train_")]:
+            steps = report[key]["steps"][1:] or report[key]["steps"]  # the first warms up
+            seconds = sorted(s["step_s"] for s in steps)[len(steps) // 2]
+            headline[f"{report['model']} {key.removeprefix('train_')} step s"] = round(seconds, 2)
+    return headline
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,embedded")
@@ -205,10 +231,16 @@ def main() -> None:
     parser.add_argument(
         "--cpu", action="store_true", help="run the same checks on the CPU (to try the script)"
     )
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, models="tiny", steps=1, precisions="float32")
+    if args.smoke and not args.cpu and not torch.cuda.is_available():
+        skip("the GPU", "torch sees no CUDA GPU: the checks run on the CPU")
+        args.cpu = True
     device = "cpu" if args.cpu else "cuda"
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit("gpu_check needs a CUDA GPU; torch sees none (--cpu tries it on the CPU)")
+    size = SMOKE if args.smoke else FULL
 
     from palaestra import ModelConfig, SmolLM2_135M
 
@@ -230,12 +262,15 @@ def main() -> None:
                 model_config = SmolLM2_135M()
             else:
                 raise SystemExit(f"--models: unknown model {name!r} (tiny, embedded)")
-            report = check_model(name, model_config, args.steps, device, args.precisions.split(","))
+            precisions = args.precisions.split(",")
+            report = check_model(name, model_config, args.steps, device, precisions, size)
             print_report(report)
             reports.append(report)
     problems = [p for r in reports for p in failures(r)]
     if args.json:
         args.json.write_text(json.dumps({**head, "models": reports}, indent=2) + "\n")
+    headline = gpu_headline(head, reports) | {"checks": "FAILED" if problems else "passed"}
+    record("gpu_check", args, {**head, "models": reports, "problems": problems}, headline)
     if problems:
         raise SystemExit("FAILED: " + "; ".join(problems))
     print("\nall checks passed")

@@ -2,6 +2,10 @@
 
     pip install -e '.[bench]'        # TRL, pinned
     python bench/grpo_step.py [--steps 3] [--warmup 1] [--max-tokens 48] [--json results.json]
+    python bench/grpo_step.py --smoke   # palaestra and TRL (where installed), one step of 2 x 2
+                                        # samples of 8 tokens, small matmul peaks
+
+A real run records its result under bench/results/grpo_step/ (``bench/results.py``).
 
 A step is what both frameworks do for one optimiser update: sample ``--samples`` completions
 (8) of each of ``--prompts`` prompts (4) with up to ``--max-tokens`` new tokens (48) at
@@ -56,6 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import add_arguments, measure_peaks, record, skip, smoke_defaults
+
 PROMPT = "Write a haiku about {keywords}."
 SIDES = ("palaestra", "trl", "trl-bf16")
 """``trl-bf16`` is TRL with ``bf16=True``: its bfloat16 autocast, beside its float32 default."""
@@ -87,7 +93,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "palaestra-bench"
     )
     parser.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args(argv)
+    smoke_defaults(
+        args,
+        parser,
+        steps=1,
+        warmup=0,
+        prompts=2,
+        samples=2,
+        max_tokens=8,
+        micro_batch=4,
+        sides="palaestra,trl",
+    )
     batch = args.prompts * args.samples
     if batch % args.micro_batch:
         parser.error(f"--micro-batch {args.micro_batch} must divide prompts x samples = {batch}")
@@ -522,17 +540,20 @@ class Worker:
         self.log.close()
 
 
-def measure_peaks(size: int) -> dict[str, float]:
-    """float32's matmul peak, and bfloat16's where the CPU multiplies it natively (elsewhere
-    torch emulates it at a few GFLOP/s, neither side computes in it, and timing it would take
-    many minutes)."""
-    import torch
-    from flops import matmul_peak_gflops
+def without_missing_trl(args: argparse.Namespace) -> str | None:
+    """``args.sides`` less the TRL sides when TRL is not installed (a smoke run skips them,
+    one line each); None when a real run asks for them without TRL."""
+    import importlib.util
 
-    from palaestra.models.loading import compute_dtype
-
-    names = ["float32"] + (["bfloat16"] if compute_dtype("auto", "cpu") == torch.bfloat16 else [])
-    return {name: matmul_peak_gflops(getattr(torch, name), size) for name in names}
+    sides = args.sides.split(",")
+    missing = [s for s in sides if s.startswith("trl")]
+    if not missing or importlib.util.find_spec("trl") is not None:
+        return args.sides
+    if not args.smoke:
+        return None
+    for side in missing:
+        skip(side, "TRL is not installed: pip install -e '.[bench]'")
+    return ",".join(s for s in sides if s not in missing)
 
 
 def summarise(side: str, ready: dict, reports: list[dict], shape, peaks: dict) -> dict:
@@ -641,7 +662,7 @@ def orchestrate(args: argparse.Namespace) -> dict:
     shape = ModelShape.from_config(transformers.AutoConfig.from_pretrained(weights))
     size = shape.intermediate
     print(f"measuring matmul peak ({size}x{size}, {args.threads} threads) ...", file=sys.stderr)
-    before = measure_peaks(size)
+    before = measure_peaks(args.smoke, size)
 
     args.log_dir.mkdir(parents=True, exist_ok=True)
     print(f"starting workers {sides}; logs in {args.log_dir}", file=sys.stderr)
@@ -664,7 +685,7 @@ def orchestrate(args: argparse.Namespace) -> dict:
     finally:
         for worker in workers.values():
             worker.close()
-    after = measure_peaks(size)
+    after = measure_peaks(args.smoke, size)
     peaks = {d: max(before[d], after[d]) for d in before}
 
     results = {
@@ -702,12 +723,36 @@ def main() -> None:
         else:
             trl_worker(args, channel, bf16=args.worker == "trl-bf16")
         return
+    sides = without_missing_trl(args)
+    if sides is None:
+        raise SystemExit(f"--sides {args.sides} needs TRL: pip install -e '.[bench]'")
+    if not sides:
+        raise SystemExit(f"--sides {args.sides}: nothing left to run here")
+    args.sides = sides
     results = orchestrate(args)
     print(markdown(results))
     print()
     print(json.dumps(results, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    record(
+        "grpo_step", args, results, headline(results), results["machine"]["matmul_gflops"]["used"]
+    )
+
+
+def headline(results: dict) -> dict:
+    """palaestra's step and its distance from the floor; each TRL side's step over it (a side's
+    own step where palaestra did not run)."""
+    figures = {}
+    for side, summary in results["sides"].items():
+        if side != "palaestra" and "palaestra" in results["sides"]:
+            continue
+        figures[f"{side} step s"] = round(summary["step_s_mean"], 2)
+        figures[f"{side} step / floor"] = round(summary["step_over_floor"], 2)
+    for side in ("trl", "trl-bf16"):
+        if f"{side}_over_palaestra" in results:
+            figures[f"{side} / palaestra"] = round(results[f"{side}_over_palaestra"]["mean"], 2)
+    return figures
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ evaluation). The base model is scored the same way once per (temperature, length
 
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py [--steps 30] [--only 1,4]
         [--row 3e-5,0.8,24] [--seeds 42,1]
+    PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py --smoke
+        # the first row, one step of 2 x 2 answers of 8 tokens, scored on 4 test topics
+
+A real run records its result under bench/results/haiku_sweep/ (``bench/results.py``).
 
 Columns: the test score before training and after 10, 20 and 30 steps; over the last 5 steps'
 training samples, the mean reward, the share of answers three lines long and the share cut at
@@ -23,6 +27,8 @@ import json
 import statistics
 import time
 from pathlib import Path
+
+from results import add_arguments, record, smoke_defaults
 
 from palaestra import (
     HuggingFaceDataset,
@@ -43,6 +49,14 @@ GRID = [
     (3e-5, 0.8, 48),
     (2e-6, 1.0, 48),
 ]
+
+SMOKE_RECIPE = dict(
+    rollout_batch_size=2,
+    n_samples_per_prompt=2,
+    rollout_max_response_len=8,
+    train_micro_batch_size=4,
+)
+"""What a smoke run of a bench built on the tutorial changes in its recipe: one small step."""
 
 model = SmolLM2_135M()
 
@@ -66,12 +80,13 @@ def three_lines(text: str) -> bool:
     return len([line for line in content.strip().split("\n") if line.strip()]) == 3
 
 
-def config_for(lr: float, temperature: float, length: int, steps: int, seed: int) -> TrainConfig:
-    return TrainConfig(
-        model=model,
-        dataset=HaikuDataset(hf_split="train[:10]"),
-        eval_dataset=HaikuDataset(hf_split="test"),
-        recipe=SmolLM2_135M_Recipe(
+def config_for(
+    lr: float, temperature: float, length: int, steps: int, seed: int, smoke: bool = False
+) -> TrainConfig:
+    # A smoke run: one small step, scored on 4 test topics after it.
+    small = SMOKE_RECIPE | {"eval_interval": 1} if smoke else {}
+    recipe = (
+        dict(
             num_rollout=steps,
             n_samples_per_prompt=8,
             eval_interval=10,
@@ -82,7 +97,14 @@ def config_for(lr: float, temperature: float, length: int, steps: int, seed: int
             rollout_temperature=temperature,
             rollout_max_response_len=length,
             seed=seed,
-        ),
+        )
+        | small
+    )
+    return TrainConfig(
+        model=model,
+        dataset=HaikuDataset(hf_split="train[:10]"),
+        eval_dataset=HaikuDataset(hf_split="test[:4]" if smoke else "test"),
+        recipe=SmolLM2_135M_Recipe(**recipe),
         name=f"sweep-lr{lr:g}-t{temperature:g}-len{length}-seed{seed}",
     )
 
@@ -103,7 +125,7 @@ def summarise(result, steps: int) -> dict:
     metrics = {row["step"]: row for row in result.metrics()}
     last = [s for s in result.samples() if s["step"] > steps - 5]
     evals = {
-        step: metrics[step].get("eval_reward_mean") for step in (10, 20, 30) if step in metrics
+        step: row["eval_reward_mean"] for step, row in metrics.items() if "eval_reward_mean" in row
     }
     return {
         "eval": evals,
@@ -123,8 +145,12 @@ def main() -> None:
         "--row", action="append", help="a variant outside the grid: LR,TEMPERATURE,LENGTH"
     )
     parser.add_argument("--seeds", default="42", help="comma-separated run seeds (default 42)")
-    parser.add_argument("--out", type=Path, default=Path("haiku-sweep.json"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("haiku-sweep.json"), help="JSON after each variant"
+    )
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, steps=1, only="1", out=None)
     rows = GRID
     if args.only:
         rows = [GRID[int(i) - 1] for i in args.only.split(",")]
@@ -135,7 +161,7 @@ def main() -> None:
     bases: dict[tuple[float, int], float] = {}
     results = []
     for (lr, temperature, length), seed in itertools.product(rows, seeds):
-        config = config_for(lr, temperature, length, args.steps, seed)
+        config = config_for(lr, temperature, length, args.steps, seed, args.smoke)
         if (temperature, length) not in bases:
             bases[temperature, length] = base_score(config)
         started = time.monotonic()
@@ -143,13 +169,14 @@ def main() -> None:
         summary |= {
             "lr": lr,
             "temperature": temperature,
-            "max_tokens": length,
+            "max_tokens": config.recipe.rollout_max_response_len,  # a smoke run's is shorter
             "seed": seed,
             "base": bases[temperature, length],
             "wall_s": time.monotonic() - started,
         }
         results.append(summary)
-        args.out.write_text(json.dumps(results, indent=2))
+        if args.out is not None:
+            args.out.write_text(json.dumps(results, indent=2))
         print(json.dumps(summary), flush=True)
 
     print()
@@ -165,6 +192,20 @@ def main() -> None:
             f"{r['base']:+.2f} / {evals} | {r['train_reward_last5']:+.2f} / "
             f"{r['three_lines_last5']:.0%} / {r['cut_last5']:.0%} | {r['step_s']:.1f} |"
         )
+    record("haiku_sweep", args, {"variants": results}, sweep_headline(results[0]))
+
+
+def sweep_headline(first: dict) -> dict:
+    """The first variant's (the preset's, unless --only or --row chose others) scores."""
+    last = max(first["eval"], default=None)
+    return {
+        "variant (lr, temperature, tokens)": f"{first['lr']:g}, {first['temperature']:g}, "
+        f"{first['max_tokens']}",
+        "test score before": round(first["base"], 2),
+        f"after {last} steps": round(first["eval"][last], 2) if last else "n/a",
+        "three lines, last 5 steps": round(first["three_lines_last5"], 2),
+        "s per step": round(first["step_s"], 1),
+    }
 
 
 if __name__ == "__main__":

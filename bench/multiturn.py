@@ -1,10 +1,14 @@
 """A multi-turn GRPO step against a single-turn step of the same size, side by side.
 
     python bench/multiturn.py [--turns 4] [--turn-tokens 16] [--rounds 2] [--json out.json]
+    python bench/multiturn.py --smoke     # 1 x 2 episodes of 2 short turns, one step a side
+
+A real run records its result under bench/results/multiturn/ (``bench/results.py``).
 
 Both sides run what a training step runs (``GroupSampler.sample``, then
 ``Learner.train_step`` and the weight sync) on the embedded SmolLM2-135M-Instruct, built by the
-local backend's own functions, on the same 4 haiku prompts x 4 samples (16 sequences):
+local backend's own functions, on the same ``--prompts`` (4) haiku prompts x ``--samples`` (4)
+samples (16 sequences):
 
 - multi-turn: 16 episodes of an environment that asks for another haiku after each reply,
   ``--turns`` replies of ``--turn-tokens`` tokens each; every turn is one batched engine call
@@ -16,9 +20,10 @@ local backend's own functions, on the same 4 haiku prompts x 4 samples (16 seque
 
 The first single-turn side samples as many tokens as the multi-turn one; the second trains on
 as many. The engines ignore end-of-sequence tokens (a bench-only change) so that every reply
-runs to its limit and the counts match exactly. Sides alternate, one step at a time, after one
-untimed warm-up step each; the summary gives the median of ``--rounds`` timed steps and the
-ratio of the multi-turn step to each single-turn one.
+runs to its limit and the counts match exactly. Sides alternate, one step at a time, after
+``--warmup`` untimed steps each (1; the multi-turn side makes at least one); the summary
+gives the median of ``--rounds`` timed steps and the ratio of the multi-turn step to each
+single-turn one.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ import statistics
 import tempfile
 import time
 
+from results import add_arguments, record, smoke_defaults
+
 from palaestra import LocalDataset, Recipe, SmolLM2_135M, TrainConfig, builtin_dataset
 from palaestra.types import Step
-
-P, G = 4, 4
 
 
 class AnotherHaiku:
@@ -57,6 +62,7 @@ def build(recipe: Recipe):
         make_learner,
         make_sampler,
         prepare_data,
+        starting_weights,
         tokenizer_of,
     )
     from palaestra.train.state import resolve_start
@@ -71,7 +77,7 @@ def build(recipe: Recipe):
     start = resolve_start(None, recipe.num_rollout, [], False)
     tokenizer = tokenizer_of(config, start)
     learner = make_learner(config, start, tokenizer, "cpu")
-    engine = make_engine(learner.model, tokenizer, recipe.precision)
+    engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
     engine.eos_ids = []  # every reply runs to its max_tokens: equal token counts on both sides
     return make_sampler(config, engine, prepare_data(config, tokenizer)), learner
 
@@ -103,14 +109,22 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--json", default=None)
+    add_arguments(parser)
     options = parser.parse_args()
+    smoke_defaults(
+        options, parser, turns=2, turn_tokens=4, rounds=1, warmup=0, prompts=1, samples=2
+    )
     os.environ.setdefault("PALAESTRA_HOME", tempfile.mkdtemp(prefix="palaestra-bench-"))
+    P, G = options.prompts, options.samples
     common = dict(
         rollout_batch_size=P,
         n_samples_per_prompt=G,
         lr=1e-6,
-        train_micro_batch_size=16,
+        train_micro_batch_size=P * G,
         custom_rm_function=reply_variety,
     )
     sides = {
@@ -134,14 +148,18 @@ def main() -> None:
         Recipe(rollout_max_response_len=int(response), **common)
     )
     results: dict[str, list[dict]] = {name: [] for name in sides}
-    for step in range(options.rounds + 1):  # step 0: warm-up, untimed
+    made = {name: int(name == "multi-turn") for name in sides}  # steps each side has made
+    for round_ in range(options.warmup + options.rounds):
+        timed = round_ >= options.warmup
         for name, (sampler, learner) in sides.items():
-            if step == 0 and name == "multi-turn":
+            if not timed and made[name] > round_:
                 continue  # warmed up above
-            row = one_step(sampler, learner, step + 1)
-            if step:
+            made[name] += 1
+            row = one_step(sampler, learner, made[name])
+            if timed:
                 results[name].append(row)
-            print(f"{name:26s} step {step}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
+            label = f"{name:26s} step {made[name]}{'' if timed else ' (warm-up)'}: "
+            print(label + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
     summary = {
         name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         for name, rows in results.items()
@@ -162,11 +180,14 @@ def main() -> None:
     print()
     for name, ratio in ratios.items():
         print(f"multi-turn step / {name} step: {ratio:.2f}x")
+    options_json = {k: str(v) if k == "results_dir" else v for k, v in vars(options).items()}
+    figures = {"options": options_json, "summary": summary, "ratios": ratios}
     if options.json:
         with open(options.json, "w") as out:
-            json.dump(
-                {"options": vars(options), "summary": summary, "ratios": ratios}, out, indent=2
-            )
+            json.dump(figures, out, indent=2)
+    headline = {"multi-turn step s": round(summary["multi-turn"]["step_s"], 2)}
+    headline |= {f"vs {name}": round(ratio, 2) for name, ratio in ratios.items()}
+    record("multiturn", options, figures, headline)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """How close bfloat16 autocast stays to float32 on the embedded model: log-probs, loss, gradient.
 
     python bench/precision.py [--prompts 4] [--samples 8] [--max-tokens 48] [--json PATH]
+    python bench/precision.py --smoke    # 1 prompt x 2 answers of 8 tokens
+
+A real run records its result under bench/results/precision/ (``bench/results.py``).
 
 Samples one GRPO step's worth of haiku answers (float32 sampling, seeded), then scores the same
 batch with the learner's own forward pass (``train.scoring.score_tokens``) in float32 and under
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from results import add_arguments, record, smoke_defaults
 
 
 def main() -> None:
@@ -29,7 +33,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--json", type=Path, default=None)
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, prompts=1, samples=2, max_tokens=8)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     from palaestra import SmolLM2_135M
@@ -46,6 +52,8 @@ def main() -> None:
     print(json.dumps(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    keys = ("logprob_abs_diff_mean", "grad_cosine", "forward_backward_s_bfloat16")
+    record("precision", args, report, {key: round(report[key], 4) for key in keys})
 
 
 def precision_report(

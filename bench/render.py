@@ -1,0 +1,216 @@
+"""Renders the benchmark results (bench/results/**.json) into the docs and the README.
+
+    python bench/render.py            # rewrite docs/benchmarks.md and README.md's table
+    python bench/render.py --check    # exit 1 if either is out of date (CI)
+
+Two places, each between its markers, nothing else in the file touched:
+
+- docs/benchmarks.md, between ``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->``:
+  per benchmark, the latest run on each CPU kind (AVX2-only, AVX-512 BF16, AMX) with its date,
+  commit, CPU model and flags, matmul peak, headline figures and command; then every run, one
+  row each, newest first.
+- README.md, between ``<!-- results:start -->`` and ``<!-- results:end -->``: one table, one
+  row per benchmark, its latest run.
+
+Smoke runs (``"smoke": true``) are left out. The output depends on the result files only, so
+rendering twice gives the same text and ``--check`` can compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+from results import CPU_KINDS, FORMAT, REPO, RESULTS, cpu_kind
+
+DOCS_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
+README_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
+
+
+class RenderError(Exception):
+    """A file the renderer cannot use: no markers, or a result it cannot read."""
+
+
+def load_results(folder: Path) -> list[dict]:
+    """Every non-smoke result under ``folder``, oldest first (ties: by bench, then path)."""
+    records = []
+    for path in sorted(Path(folder).glob("**/*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise RenderError(f"{path}: not a readable result ({error})") from error
+        if record.get("format") != FORMAT:
+            raise RenderError(f"{path}: result format {record.get('format')!r}, not {FORMAT}")
+        if not record.get("smoke"):
+            records.append(record | {"path": str(path)})
+    return sorted(records, key=lambda r: (r["time_utc"], r["bench"], r["path"]))
+
+
+def kind_of(record: dict) -> str:
+    return cpu_kind(record["machine"]["cpu_flags"])
+
+
+def latest(records: list[dict]) -> dict[str, dict[str, dict]]:
+    """bench -> CPU kind -> its latest run (``records`` oldest first: later ones win)."""
+    table: dict[str, dict[str, dict]] = {}
+    for record in records:
+        table.setdefault(record["bench"], {})[kind_of(record)] = record
+    return table
+
+
+def number(value: object) -> str:
+    """A headline figure as a table shows it: three significant figures, whole numbers whole."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if value != value:  # NaN
+        return "n/a"
+    if abs(value) >= 1000 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def commit_text(record: dict) -> str:
+    return record["commit_short"] + (" (dirty)" if record.get("dirty") else "")
+
+
+def flags_text(record: dict) -> str:
+    flags = [name for name, present in record["machine"]["cpu_flags"].items() if present]
+    return ", ".join(flags) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
+
+
+def peak_text(record: dict) -> str:
+    peaks = record.get("matmul_gflops") or {}
+    short = {"float32": "f32", "bfloat16": "bf16"}
+    return ", ".join(f"{short.get(k, k)} {number(float(v))}" for k, v in peaks.items()) or "n/a"
+
+
+def headline_text(record: dict) -> str:
+    return "; ".join(f"{k} {number(v)}" for k, v in record.get("headline", {}).items())
+
+
+def table(header: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def description(bench: str, bench_dir: Path) -> str:
+    """The first line of ``bench_dir/<bench>.py``'s docstring, or nothing."""
+    path = bench_dir / f"{bench}.py"
+    if not path.is_file():
+        return ""
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return docstring.strip().split("\n\n")[0].replace("\n", " ")
+
+
+def bench_section(bench: str, kinds: dict[str, dict], runs: list[dict], bench_dir: Path) -> str:
+    """One benchmark: its latest run per CPU kind, then all its runs, newest first."""
+    shown = [kinds[k] for k in CPU_KINDS if k in kinds]
+    keys = list(dict.fromkeys(k for r in shown for k in r.get("headline", {})))
+    lines = [f"### {bench}", ""]
+    about = description(bench, bench_dir)
+    if about:
+        lines += [about, ""]
+    rows = [
+        [kind_of(r), r["time_utc"][:10], commit_text(r), r["machine"]["cpu_model"], flags_text(r)]
+        + [peak_text(r)]
+        + [number(r.get("headline", {}).get(k, "")) for k in keys]
+        + [f"`{r['command']}`"]
+        for r in shown
+    ]
+    header = ["CPU kind", "date", "commit", "CPU", "flags", "matmul peak GFLOP/s"]
+    lines += table(header + keys + ["command"], rows)
+    lines += ["", "History, newest first:", ""]
+    history = [
+        [r["time_utc"].replace("T", " ").removesuffix("Z") + " UTC", commit_text(r)]
+        + [kind_of(r), r["machine"]["cpu_model"], peak_text(r), headline_text(r)]
+        for r in reversed(runs)
+    ]
+    lines += table(["time", "commit", "CPU kind", "CPU", "matmul peak GFLOP/s", "figures"], history)
+    return "\n".join(lines)
+
+
+def docs_body(records: list[dict], bench_dir: Path) -> str:
+    if not records:
+        return "No results yet: each bench's docstring gives the command that records one."
+    sections = [
+        bench_section(bench, kinds, [r for r in records if r["bench"] == bench], bench_dir)
+        for bench, kinds in sorted(latest(records).items())
+    ]
+    return "\n\n".join(sections)
+
+
+def readme_body(records: list[dict]) -> str:
+    if not records:
+        return "No benchmark results yet; see [docs/benchmarks.md](docs/benchmarks.md)."
+    newest = {r["bench"]: r for r in records}  # oldest first: the newest run wins
+    rows = [
+        [f"`{bench}`", headline_text(r), r["time_utc"][:10], commit_text(r)]
+        + [f"{r['machine']['cpu_model']} ({kind_of(r)}: {flags_text(r)})", peak_text(r)]
+        for bench, r in sorted(newest.items())
+    ]
+    header = ["benchmark", "latest figures", "date", "commit", "CPU", "matmul peak GFLOP/s"]
+    lines = table(header, rows)
+    link = "[docs/benchmarks.md](docs/benchmarks.md)"
+    lines += ["", f"Every run, per CPU kind, with its command: {link}."]
+    return "\n".join(lines)
+
+
+def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
+    """``text`` with what lies between ``markers`` replaced by ``body``."""
+    start, end = markers
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise RenderError(f"{path}: needs one {start} line and, after it, one {end} line")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def render(results: Path, docs: Path, readme: Path, bench_dir: Path) -> dict[Path, str]:
+    """The new text of ``docs`` and ``readme`` (each must exist and hold its markers)."""
+    records = load_results(results)
+    bodies = {
+        docs: (DOCS_MARKERS, docs_body(records, bench_dir)),
+        readme: (README_MARKERS, readme_body(records)),
+    }
+    rendered = {}
+    for path, (markers, body) in bodies.items():
+        if not path.is_file():
+            raise RenderError(f"{path}: no such file (it needs {markers[0]} and {markers[1]})")
+        rendered[path] = replace_between(path.read_text(), markers, body, path)
+    return rendered
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    parser.add_argument("--bench-dir", type=Path, default=REPO / "bench", help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
+    args = parser.parse_args(argv)
+    try:
+        rendered = render(args.results, args.docs, args.readme, args.bench_dir)
+    except RenderError as error:
+        print(f"render: {error}", file=sys.stderr)
+        return 2
+    stale = [path for path, text in rendered.items() if path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"render: {path} is out of date: run python bench/render.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(rendered[path])
+        print(f"render: rewrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

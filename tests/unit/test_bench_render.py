@@ -1,0 +1,171 @@
+"""bench/render.py: result files in, the docs' and the README's tables out.
+
+Fake result files (written by bench/results.py's own atomic writer) on two CPU kinds: the
+latest run of each kind fills the docs' table, the latest overall the README's row, every run
+the history; smoke results are left out; a file without its markers is named in the error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+AVX2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
+AMX = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    """bench/render.py and bench/results.py, imported as the scripts import each other."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    yield importlib.import_module("render"), importlib.import_module("results")
+    for name in ("render", "results", "flops"):
+        sys.modules.pop(name, None)
+
+
+def fake(time: str, commit: str, cpu: str, flags: dict, step_s: float, smoke=False) -> dict:
+    return {
+        "format": 1,
+        "bench": "grpo_step",
+        "time_utc": time,
+        "commit": commit * 6,
+        "commit_short": commit,
+        "dirty": False,
+        "command": "python bench/grpo_step.py --steps 3",
+        "smoke": smoke,
+        "machine": {"cpu_model": cpu, "cpu_flags": flags, "cpu_kind": "ignored by render"},
+        "matmul_gflops": {"float32": 199.4, "bfloat16": 423.0},
+        "torch": "2.13.0",
+        "headline": {"step s": step_s, "TRL / palaestra": 2.75},
+        "figures": {},
+    }
+
+
+@pytest.fixture
+def files(tmp_path, bench_modules):
+    _, results = bench_modules
+    folder = tmp_path / "results"
+    for record in (
+        fake("2026-12-01T10:00:00Z", "aaaaaaa", "EPYC old", AVX2, 20.0),
+        fake("2026-12-03T10:00:00Z", "bbbbbbb", "EPYC new", AVX2, 18.5),
+        fake("2026-12-02T10:00:00Z", "ccccccc", "Xeon", AMX, 14.21),
+        fake("2026-12-04T10:00:00Z", "ddddddd", "Xeon", AMX, 1.0, smoke=True),
+    ):
+        results.write_record(record, folder)
+    docs, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    docs.write_text(
+        "# Benchmarks\n\n<!-- benchmarks:start -->\nold\n<!-- benchmarks:end -->\ntail\n"
+    )
+    readme.write_text("# palaestra\n\n<!-- results:start -->\n<!-- results:end -->\nend\n")
+    return folder, docs, readme
+
+
+def argv(folder: Path, docs: Path, readme: Path, *extra: str) -> list[str]:
+    return ["--results", str(folder), "--docs", str(docs), "--readme", str(readme), *extra]
+
+
+def rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+
+
+def test_the_latest_run_of_each_cpu_kind_and_every_run(files, bench_modules):
+    render, _ = bench_modules
+    folder, docs, readme = files
+    assert render.main(argv(folder, docs, readme)) == 0
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks\n\n<!-- benchmarks:start -->\n### grpo_step")
+    assert text.endswith("<!-- benchmarks:end -->\ntail\n")
+    command = "`python bench/grpo_step.py --steps 3`"
+    peak = "f32 199, bf16 423"  # 199.4 -> 199 (3 significant figures), 423.0 -> 423
+    flags = "avx2, avx512f, avx512_bf16, amx_bf16"
+    assert rows(text) == [
+        "| CPU kind | date | commit | CPU | flags | matmul peak GFLOP/s | step s "
+        "| TRL / palaestra | command |",
+        # The AVX2 run of Dec 3 wins over Dec 1's; the AMX kind has one (smoke left out).
+        f"| AVX2-only | 2026-12-03 | bbbbbbb | EPYC new | avx2 | {peak} | 18.5 | 2.75 "
+        f"| {command} |",
+        f"| AMX | 2026-12-02 | ccccccc | Xeon | {flags} | {peak} | 14.2 | 2.75 | {command} |",
+        "| time | commit | CPU kind | CPU | matmul peak GFLOP/s | figures |",
+        f"| 2026-12-03 10:00:00 UTC | bbbbbbb | AVX2-only | EPYC new | {peak} "
+        "| step s 18.5; TRL / palaestra 2.75 |",
+        f"| 2026-12-02 10:00:00 UTC | ccccccc | AMX | Xeon | {peak} "
+        "| step s 14.2; TRL / palaestra 2.75 |",
+        f"| 2026-12-01 10:00:00 UTC | aaaaaaa | AVX2-only | EPYC old | {peak} "
+        "| step s 20; TRL / palaestra 2.75 |",
+    ]
+    # The README: one row per benchmark, its newest run whatever the CPU kind.
+    assert rows(readme.read_text()) == [
+        "| benchmark | latest figures | date | commit | CPU | matmul peak GFLOP/s |",
+        "| `grpo_step` | step s 18.5; TRL / palaestra 2.75 | 2026-12-03 | bbbbbbb "
+        f"| EPYC new (AVX2-only: avx2) | {peak} |",
+    ]
+    assert readme.read_text().endswith("<!-- results:end -->\nend\n")
+
+
+def test_check_says_whether_the_files_are_up_to_date(files, bench_modules):
+    render, _ = bench_modules
+    folder, docs, readme = files
+    assert render.main(argv(folder, docs, readme, "--check")) == 1
+    before = docs.read_text()
+    assert "old" in before  # --check wrote nothing
+    assert render.main(argv(folder, docs, readme)) == 0
+    assert render.main(argv(folder, docs, readme, "--check")) == 0
+    # A new run makes them stale again.
+    _, results = bench_modules
+    results.write_record(fake("2026-12-05T09:00:00Z", "eeeeeee", "Xeon", AMX, 12.0), folder)
+    assert render.main(argv(folder, docs, readme, "--check")) == 1
+
+
+def test_a_file_without_its_markers_is_named(files, bench_modules, capsys):
+    render, _ = bench_modules
+    folder, docs, readme = files
+    readme.write_text("# palaestra\n\nno markers here\n")
+    assert render.main(argv(folder, docs, readme)) == 2
+    error = capsys.readouterr().err
+    assert str(readme) in error and "<!-- results:start -->" in error
+    assert "old" in docs.read_text()  # nothing written when one file cannot be rendered
+
+
+def test_cpu_kinds_from_flags(bench_modules):
+    _, results = bench_modules
+    assert results.cpu_kind(AVX2) == "AVX2-only"
+    assert results.cpu_kind(AMX) == "AMX"
+    assert results.cpu_kind(AMX | {"amx_bf16": False}) == "AVX-512 BF16"
+    assert results.cpu_kind({}) == "AVX2-only"  # a CPU with none of the flags
+
+
+def test_a_record_is_written_atomically_where_asked_and_a_smoke_run_writes_nothing(
+    tmp_path, bench_modules, monkeypatch
+):
+    import argparse
+    import json
+    import re
+
+    _, results = bench_modules
+    monkeypatch.setattr(sys, "argv", ["bench/fake.py", "--smoke", "--steps", "1"])
+    figures, headline, peaks = {"step_s": [1.5, 2.5]}, {"step s": 2.0}, {"float32": 100.0}
+
+    smoke = argparse.Namespace(smoke=True, results_dir=None)
+    assert results.record("fake", smoke, figures, headline, peaks) is None
+    assert not (results.RESULTS / "fake").exists()
+
+    asked = argparse.Namespace(smoke=True, results_dir=tmp_path / "out")
+    path = results.record("fake", asked, figures, headline, peaks)
+    assert path.parent == tmp_path / "out" / "fake"
+    assert re.fullmatch(r"\d{8}T\d{6}Z-([0-9a-f]{7}|unknown)\.json", path.name)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+    written = json.loads(path.read_text())
+    assert written["command"] == "python bench/fake.py --smoke --steps 1"
+    assert written["smoke"] is True
+    assert (written["figures"], written["headline"]) == (figures, headline)
+    assert written["matmul_gflops"] == peaks
+    assert path.name.endswith(f"-{written['commit_short']}.json")
+    machine = written["machine"]
+    assert list(machine["cpu_flags"]) == ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]
+    assert machine["cpu_kind"] == results.cpu_kind(machine["cpu_flags"])
+    assert machine["cores"] >= 1 and machine["torch_threads"] >= 1
