@@ -32,7 +32,8 @@ class Recipe(BaseModel):
       ``entropy_coef``, ``mask_truncated_responses``.
     - Optimiser: ``lr``, ``weight_decay``, ``max_grad_norm``.
     - LoRA: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``target_modules``.
-    - Saving and evaluation: ``save_interval``, ``eval_interval``.
+    - Saving and evaluation: ``save_interval``, ``eval_interval``, ``save_total_limit``,
+      ``no_save_optim``.
     - Multi-turn: ``custom_generate_function``, ``extra_config``, ``environment``, ``tools``,
       ``max_turns``, ``tool_error``, ``environment_timeout_s``, ``max_context_len``.
     - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``,
@@ -161,6 +162,16 @@ class Recipe(BaseModel):
     eval_interval: int | None = Field(None, ge=1)
     """Score ``TrainConfig.eval_dataset`` (one sample per row, fixed seed) every this many
     steps, logged as ``eval_reward_mean``; None: never."""
+
+    # -- Checkpoint retention: what a run keeps on disk.
+    save_total_limit: int | None = Field(None, ge=1)
+    """Keep at most this many of the run's checkpoints, the newest (TRL's ``save_total_limit``,
+    verl's ``max_actor_ckpt_to_keep``); older ones are deleted after each save, except any that
+    a running endpoint serves or a saved eval scored. None (default): keep every one."""
+    no_save_optim: bool = False
+    """Write no optimiser state (slime's ``no_save_optim``): checkpoints hold the weights alone,
+    and a run continued from one starts AdamW's moments afresh. Either way only the newest
+    checkpoint keeps its optimiser state (what a resume needs); older ones drop theirs."""
 
     # -- Multi-turn: episodes of several turns (a custom generate function, or an environment
     #    and tools), see palaestra.rollout.multi_turn.
