@@ -169,7 +169,8 @@ class DeviceRow:
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.capacity
+        """Whether the peak fits the capacity (a capacity of 0 is not known: not checked)."""
+        return not self.capacity or self.peak <= self.capacity
 
     def largest(self) -> Term:
         return max(self.terms, key=lambda t: t.bytes)
@@ -451,7 +452,7 @@ def device_rows(
         ]
     if host:
         total = [replace(t, bytes=t.bytes * layout.shard) for t in host]
-        rows.append(DeviceRow("host (CPU, every rank's share)", 1, 0, total))
+        rows.append(DeviceRow("host (CPU), all ranks' offloaded state", 1, 0, total))
     return rows
 
 

@@ -495,10 +495,27 @@ class Qwen3_4B_Recipe(Recipe):
     train_micro_batch_size: int = preset("train_micro_batch_size", 4)
 
 
-class Qwen3_5_4B_Recipe(Qwen3_4B_Recipe):
-    """Single-GPU defaults for Qwen3.5-4B: those of Qwen3-4B (verl's Qwen3 GRPO example and
-    DAPO's clip-higher), since no published recipe for Qwen3.5 at this size differs. Not
-    checked by a run here."""
+class Qwen3_5_4B_Recipe(Recipe):
+    """The Training Gym's recipe for Qwen3.5-4B on 8 GPUs: 16 prompts x 8 samples a step, up
+    to 4096 response tokens, lr 5e-7, slime's clip-higher (0.28) and weight decay (0.1), a
+    checkpoint every 10 steps, no KL term; its ``max_tokens_per_gpu`` of 8192 is two sequences
+    of a prompt and 4096 tokens a pass. Not checked by a run here.
+
+    The Gym trains it colocated: the learner sharded over all 8 GPUs with its optimiser in
+    host memory, the engines on the same GPUs, asleep during the update. ``TrainConfig.plan()``
+    shows that layout fitting 8 x 80 GB (``docs/plan.md``); one unsharded float32 learner on
+    one GPU (the layout without the learner-sharding fields) does not fit 80 GB, and the plan
+    refuses it before launch."""
+
+    rollout_batch_size: int = preset("rollout_batch_size", 16)
+    n_samples_per_prompt: int = preset("n_samples_per_prompt", 8)
+    rollout_max_response_len: int = preset("rollout_max_response_len", 4096)
+    lr: float = preset("lr", 5e-7)
+    weight_decay: float = preset("weight_decay", 0.1)
+    eps_clip_high: float | None = preset("eps_clip_high", 0.28)
+    save_interval: int | None = preset("save_interval", 10)
+    rollout_num_gpus: int = preset("rollout_num_gpus", 8)
+    train_micro_batch_size: int = preset("train_micro_batch_size", 2)
 
 
 def check_vllm_engine(recipe: Recipe) -> None:
