@@ -180,9 +180,8 @@ def test_the_seed_recipe_fits_8_h100s_sharded_and_colocated_not_on_one_learner_g
 def test_a_config_that_cannot_fit_is_refused_before_a_run_exists(
     home, tiny_model_dir, prompts_file, monkeypatch
 ):
-    from tiny_runs import tiny_config
-
     from palaestra.plan import PlanDoesNotFitError
+    from tiny_runs import tiny_config
 
     monkeypatch.setattr(planning, "host_memory", lambda: (10**6, 10**6))  # a 1 MB machine
     config = tiny_config(tiny_model_dir, prompts_file)
