@@ -47,10 +47,21 @@ the allocator's retained heap. Measured with ``bench/plan_check.py`` (the embedd
 run, less the plan's other terms)."""
 GPU_RUNTIME_BYTES = 1 * GIB
 """A GPU process's CUDA context, cuBLAS workspaces and allocator slack, per device."""
-ACTIVATION_ELEMENTS = (10, 4)
-"""Saved activations per token and layer in the update: ``a * hidden + b * intermediate``
-elements of the compute dtype, with the lean SwiGLU and RMSNorm (``models.lean_layers``);
-calibrated on the embedded model's shape with ``bench/plan_check.py --activations``."""
+ACTIVATION_SCALE = {2: 1.18, 4: 1.0}
+"""Measured over modelled saved-activation bytes (``activation_bytes``), by the compute
+dtype's width: calibrated on the embedded model's shape with ``bench/plan_check.py
+--activations`` (19091 bytes a token and layer under bfloat16 against 16128 modelled)."""
+
+
+def activation_bytes(shape: ModelShape, width: int) -> float:
+    """Bytes the update's backward keeps per token and layer, with the lean SwiGLU and RMSNorm
+    (``models.lean_layers``) and the residual stream in float32: the two norms' float32 inputs
+    (8h), then in the compute dtype (``width`` bytes) their outputs, the queries and the
+    attention's output, keys and values, and the MLP's gate and up (2h + 2Hd + 2KVd + 2i)."""
+    h, i = shape.hidden, shape.intermediate
+    attention = 2 * shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim
+    modelled = 8 * h + width * (2 * h + attention + 2 * i)
+    return ACTIVATION_SCALE[width] * modelled
 
 
 @dataclass(frozen=True)
@@ -358,12 +369,11 @@ def learner_terms(
         )
     shared = shape.attention_layers is None and recipe.n_samples_per_prompt > 1
     tokens = work.micro_batch_tokens(shared, recipe.n_samples_per_prompt)
-    a, b = ACTIVATION_ELEMENTS
-    per_token = shape.layers * (a * shape.hidden + b * shape.intermediate) * compute
+    per_token = shape.layers * activation_bytes(shape, compute)
     terms.append(
         Term(
             f"activations ({tokens} tokens a micro-batch)",
-            tokens * per_token,
+            int(tokens * per_token),
             "update",
             "train_micro_batch_size (sequences a pass) or rollout_max_response_len shrinks",
         )

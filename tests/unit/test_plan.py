@@ -89,7 +89,7 @@ def test_catalogue_shapes_count_as_transformers_builds_them(name):
 
 
 def tiny_plan(monkeypatch, capacity: int = 10**9, **recipe):
-    monkeypatch.setattr(planning, "ACTIVATION_ELEMENTS", (10, 4))
+    monkeypatch.setattr(planning, "ACTIVATION_SCALE", {2: 1.0, 4: 1.0})
     monkeypatch.setattr(planning, "CPU_RUNTIME_BYTES", 1000)
     fields = dict(
         rollout_batch_size=2,
@@ -112,8 +112,10 @@ def test_the_plan_adds_up_a_cpu_run_by_hand(monkeypatch):
         "gradients": (4 * 1448, "update"),
         "optimiser": (8 * 1448, "always"),  # two float32 moments: 11584
         # One group's prompt once (4 tokens) and its 2 responses of 4: 12 tokens, each saving
-        # 2 layers x (10 * 8 + 4 * 16) = 288 float32s: 12 * 288 * 4 = 13824.
-        "activations": (13824, "update"),
+        # per layer 8 * 8 bytes of float32 norm inputs and 4 bytes x (2 * 8 norm outputs
+        # + 2 * 2 * 4 queries and attention output + 2 * 1 * 4 keys and values + 2 * 16 gate
+        # and up = 72) = 64 + 288 = 352 bytes; 2 layers: 704; 12 tokens: 8448.
+        "activations": (8448, "update"),
         # float32 sampling: the engine samples from the learner's module, but packs its
         # linear weights (the tied head included: 1448 parameters) once more: 5792.
         "engine packed weights": (5792, "always"),
@@ -121,8 +123,8 @@ def test_the_plan_adds_up_a_cpu_run_by_hand(monkeypatch):
         # keys and values x 1 head x 4 floats = 64 bytes a token: 5 * 64 * 64 = 20480.
         "KV cache": (20480, "rollout"),
     }
-    # always 1000 + 5792 + 11584 + 5792 = 24168; rollout 20480 < update 5792 + 13824 = 19616?
-    # no: 20480 > 19616, so the rollout decides: 24168 + 20480 = 44648.
+    # always 1000 + 5792 + 11584 + 5792 = 24168; the rollout's 20480 is more than the
+    # update's 5792 + 8448 = 14240, so it decides the peak: 24168 + 20480 = 44648.
     assert row.peak == 44648
     assert plan.fits and plan.refusal() is None
     # Per generated token 2 * 1448 + attention 4 * 2 layers * 2 heads * 4 * 6 (mean context
