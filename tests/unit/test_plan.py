@@ -197,3 +197,26 @@ def test_a_config_that_cannot_fit_is_refused_before_a_run_exists(
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
     monkeypatch.setenv("PALAESTRA_SKIP_PLAN", "1")
     config.validate_here()  # the escape hatch: no refusal
+
+
+def test_palaestra_plan_prints_the_table_of_a_toml_file(
+    home, tiny_model_dir, prompts_file, tmp_path, capsys
+):
+    from palaestra.cli import main
+
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        f'[model]\npath = "{tiny_model_dir}"\n'
+        f'[dataset]\npath = "{prompts_file}"\ninput_column = "topic"\n'
+        'prompt_template = "Say {input}"\n'
+        '[recipe]\nprecision = "float32"\nsave_total_limit = 1\n'
+        'custom_rm_function = "palaestra.rewards.haiku:haiku_reward"\n'
+    )
+    assert main(["plan", str(toml)]) == 0
+    out = capsys.readouterr().out
+    assert "host (CPU) (x1)" in out and "optimiser (AdamW, 2 x float32)" in out
+    assert ": fits" in out and "at most 1 kept" in out
+    # What if: a GPU layout the file does not ask for, named on the command line.
+    assert main(["plan", str(toml), "--learner-gpus", "2", "--colocate", "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "learner + engine GPU (x2)" in out and "sharded 2 ways" in out
