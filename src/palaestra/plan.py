@@ -20,7 +20,8 @@ The step time is a floor at an assumed 40% of the device's peak FLOP/s (model FL
 utilisation): rollout ``2 * N * tokens`` per engine (or, when larger, one read of the engine's
 weights per decoded token at the device's memory bandwidth), update ``6 * N * tokens`` over
 the learner's devices plus ``2 * N * tokens`` per reference pass. CPU peaks are measured here
-(a matmul, a copy); GPU peaks come from ``GPUS``, the vendors' dense bfloat16 figures.
+(a matmul, a copy); GPU peaks come from ``devices.GPUS``, the vendors' dense bfloat16
+figures.
 
 The layout is explicit (``Layout``), derived from the recipe by ``layout_of``, so a sharded
 learner's fields plug in where they appear.
@@ -29,9 +30,9 @@ learner's fields plug in where they appear.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, replace
 
+from palaestra.devices import Device, cpu_device, gpu_device
 from palaestra.models.shape import ModelShape
 from palaestra.recipes import Recipe
 
@@ -47,10 +48,11 @@ the allocator's retained heap. Measured with ``bench/plan_check.py`` (the embedd
 run, less the plan's other terms)."""
 GPU_RUNTIME_BYTES = 1 * GIB
 """A GPU process's CUDA context, cuBLAS workspaces and allocator slack, per device."""
-ACTIVATION_SCALE = {2: 1.18, 4: 1.0}
+ACTIVATION_SCALE = {2: 1.18, 4: 1.04}
 """Measured over modelled saved-activation bytes (``activation_bytes``), by the compute
 dtype's width: calibrated on the embedded model's shape with ``bench/plan_check.py
---activations`` (19091 bytes a token and layer under bfloat16 against 16128 modelled)."""
+--activations`` (a token and layer: 19091 bytes measured under bfloat16 against 16128
+modelled, 28673 under float32 against 27648)."""
 
 
 def activation_bytes(shape: ModelShape, width: int) -> float:
@@ -62,26 +64,6 @@ def activation_bytes(shape: ModelShape, width: int) -> float:
     attention = 2 * shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim
     modelled = 8 * h + width * (2 * h + attention + 2 * i)
     return ACTIVATION_SCALE[width] * modelled
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU model's memory and peaks (dense bfloat16, no sparsity)."""
-
-    name: str
-    memory_bytes: int
-    bf16_flops: float
-    bandwidth: float
-    """Bytes per second."""
-
-
-GPUS = {
-    # NVIDIA's data sheets (SXM parts); memory as nvidia-smi reports it.
-    "H100": Gpu("H100-80GB", 81559 * 1024**2, 989e12, 3.35e12),
-    "H200": Gpu("H200-141GB", 143771 * 1024**2, 989e12, 4.8e12),
-    "A100": Gpu("A100-80GB", 81920 * 1024**2, 312e12, 2.04e12),
-    "L40S": Gpu("L40S-48GB", 46068 * 1024**2, 362e12, 0.864e12),
-}
 
 
 @dataclass(frozen=True)
@@ -243,6 +225,8 @@ class Plan:
     checkpoint_bytes: int
     optimizer_bytes: int
     kept_checkpoints: int | None
+    prompt_assumed: bool = False
+    """The prompts' length is ``DEFAULT_PROMPT_TOKENS``, not measured."""
 
     @property
     def fits(self) -> bool:
@@ -274,8 +258,9 @@ class Plan:
                 return (
                     f"the plan does not fit: each {row.role} device needs "
                     f"{gib(row.peak)} of its {gib(row.capacity)}; the largest term is "
-                    f"{term.name} ({gib(term.bytes)}), which {term.shrink or 'nothing shrinks'}"
-                    f". Print the whole plan with TrainConfig.plan() or `palaestra plan FILE`; "
+                    f"{term.name} ({gib(term.bytes)}); what shrinks it: "
+                    f"{term.shrink or 'nothing'}. Print the whole plan with TrainConfig.plan() "
+                    "or `palaestra plan FILE`; "
                     f"if the estimate is wrong, set {OVERRIDE_ENV}=1 to launch anyway"
                 )
         return None
@@ -283,18 +268,6 @@ class Plan:
 
 def gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
-
-
-@dataclass(frozen=True)
-class Device:
-    """The device a plan is for: its name, memory per device, and peaks."""
-
-    name: str
-    memory_bytes: int
-    peak_flops: float
-    bandwidth: float
-    bf16: bool
-    """Whether ``precision="auto"`` resolves to bfloat16 on it."""
 
 
 def make_plan(
@@ -342,20 +315,20 @@ def learner_terms(
     n = layout.shard
     lora = shape.lora_params(recipe.lora_rank) if recipe.lora_rank else 0
     trainable = lora or shape.params
-    shrink_all = f"sharding the learner over more devices (1/{n} each now) shrinks"
+    shard = f"sharding the learner over more devices (actor_num_gpus_per_node; 1/{n} each now)"
     terms = [
-        Term("learner weights (float32)", 4 * (shape.params + lora) // n, "always", shrink_all),
+        Term("learner weights (float32)", 4 * (shape.params + lora) // n, "always", shard),
         Term(
             "gradients (float32)",
             4 * trainable // n,
             "update",
-            "lora_rank > 0 (only adapters train) or sharding shrinks",
+            f"lora_rank > 0 (only adapters train) or {shard}",
         ),
         Term(
             "optimiser (AdamW, 2 x float32)",
             8 * trainable // n,
             "host" if layout.offload_optimizer else "always",
-            "offloading the optimiser to the host, lora_rank > 0 or sharding shrinks",
+            f"offloading it to host memory, lora_rank > 0 or {shard}",
         ),
     ]
     if recipe.kl_loss_coef > 0 and not recipe.lora_rank:
@@ -375,7 +348,7 @@ def learner_terms(
             f"activations ({tokens} tokens a micro-batch)",
             int(tokens * per_token),
             "update",
-            "train_micro_batch_size (sequences a pass) or rollout_max_response_len shrinks",
+            "train_micro_batch_size (sequences a pass) or rollout_max_response_len",
         )
     )
     if compute == 2:
@@ -383,7 +356,7 @@ def learner_terms(
         # gathers the bfloat16 weights of about two blocks at a time instead.
         layer = (shape.matmul_params - shape.embedding_params) // shape.layers
         copies = 2 * (shape.matmul_params if n == 1 else 2 * layer + shape.embedding_params)
-        terms.append(Term("bfloat16 weight copies", copies, "update", 'precision="float32"'))
+        terms.append(Term("bfloat16 weight copies", copies, "update", f"{shard}"))
     return terms
 
 
@@ -401,14 +374,14 @@ def engine_terms(
         weights = per_device * engine_bytes * shape.params
         if layout.separate_engine_processes and layout.engine == "torch":
             weights += per_device * 4 * shape.params  # a worker loads float32, then copies
-        terms.append(Term(name, weights, phase, "rollout_num_gpus (engines on devices apart)"))
+        terms.append(Term(name, weights, phase, "engines on devices of their own"))
     if layout.device == "cpu" and layout.engine == "torch":
         terms.append(
             Term(
                 "engine packed weights (oneDNN)",
                 per_device * engine_bytes * shape.matmul_params,
                 phase,
-                'precision="float32" (packs float32, twice the bytes) does not; nothing',
+                "nothing (a CPU engine packs its weights once per version)",
             )
         )
     sequences = -(-work.sequences // layout.engines)
@@ -422,7 +395,7 @@ def engine_terms(
             f"KV cache ({sequences} sequences x {length} tokens)",
             per_device * kv,
             "rollout",
-            "rollout_max_response_len, n_samples_per_prompt or more engines shrink",
+            "rollout_max_response_len, n_samples_per_prompt or more engines",
         )
     )
     return terms
@@ -511,11 +484,12 @@ def render(plan: Plan) -> str:
         + (" (asleep during the update)" if lay.engines_sleep else "")
         + ("; optimiser offloaded to the host" if lay.offload_optimizer else ""),
         f"step: {w.sequences} sequences of up to {w.prompt_tokens} + {w.response_tokens} tokens, "
-        f"micro-batches of {w.micro_batch}",
+        f"micro-batches of {w.micro_batch}"
+        + (" (prompt length assumed: no tokenizer here)" if plan.prompt_assumed else ""),
         "",
     ]
     for row in plan.rows:
-        lines.append(f"{row.role} (x{row.count})" + " " * 4)
+        lines.append(f"{row.role} (x{row.count})")
         width = max(len(t.name) for t in row.terms)
         for term in row.terms:
             lines.append(f"  {term.name:<{width}}  {term.bytes / GIB:9.2f} GiB  {term.phase}")
@@ -562,9 +536,14 @@ def plan_config(
     layout = layout or layout_of(recipe)
     shape = model_shape(config.model)
     device = cpu_device(recipe.precision, measure) if layout.device == "cpu" else gpu_device(gpu)
+    assumed = False
     if prompt_tokens is None:
-        prompt_tokens = measured_prompt_tokens(config) or DEFAULT_PROMPT_TOKENS
-    return make_plan(recipe, shape, layout, device, prompt_tokens, config.model.name)
+        prompt_tokens = measured_prompt_tokens(config)
+        assumed = prompt_tokens is None
+    prompt_tokens = prompt_tokens or DEFAULT_PROMPT_TOKENS
+    plan = make_plan(recipe, shape, layout, device, prompt_tokens, config.model.name)
+    plan.prompt_assumed = assumed
+    return plan
 
 
 def model_shape(model) -> ModelShape:
@@ -600,71 +579,6 @@ def measured_prompt_tokens(config) -> int | None:
     kwargs = config.recipe.apply_chat_template_kwargs
     prompts = prepare_prompts(config.dataset, tokenizer, kwargs)
     return max((len(p.token_ids) for p in prompts), default=None)
-
-
-def gpu_device(name: str | None) -> Device:
-    """A GPU of ``GPUS`` by name (``"H100"``), or this machine's first CUDA GPU."""
-    if name is None:
-        import torch
-
-        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "H100"
-    for key, gpu in GPUS.items():
-        if re.search(key, name, re.IGNORECASE):
-            return Device(gpu.name, gpu.memory_bytes, gpu.bf16_flops, gpu.bandwidth, True)
-    raise ValueError(f"no peaks known for GPU {name!r}; known: {', '.join(GPUS)}")
-
-
-def cpu_device(precision: str, measure: bool = True) -> Device:
-    """This machine's CPU: its memory, and its matmul and copy rates measured (``measure``)."""
-    import torch
-
-    from palaestra.models.loading import compute_dtype
-
-    bf16 = compute_dtype("auto", "cpu") == torch.bfloat16
-    dtype = torch.bfloat16 if (precision == "bfloat16" or (precision == "auto" and bf16)) else None
-    flops, bandwidth = measure_cpu(dtype or torch.float32) if measure else (1.0, 1.0)
-    total, available = host_memory()
-    name = f"CPU ({os.cpu_count()} cores, {gib(available)} of memory available now)"
-    return Device(name, total, flops, bandwidth, bf16)
-
-
-def measure_cpu(dtype, size: int = 1024, repeats: int = 3) -> tuple[float, float]:
-    """Best observed matmul FLOP/s in ``dtype`` and copy bytes/s (read + write) here."""
-    import time
-
-    import torch
-
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - started)
-    flops = 2 * size**3 / best
-    source = torch.ones(32 * 1024**2, dtype=torch.float32)  # 128 MiB, past any cache
-    target = torch.zeros_like(source)  # written once, so no page is first touched when timed
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        target.copy_(source)
-        best = min(best, time.perf_counter() - started)
-    return flops, 2 * source.nbytes / best
-
-
-def host_memory() -> tuple[int, int]:
-    """This machine's memory and what is available to a new process now, in bytes. A run is
-    refused against the total, never against what other processes happen to hold."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    available = total
-    try:
-        with open("/proc/meminfo") as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return total, available
 
 
 def check_plan(config) -> Plan | None:

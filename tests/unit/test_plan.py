@@ -182,17 +182,19 @@ def test_the_seed_recipe_fits_8_h100s_sharded_and_colocated_not_on_one_learner_g
 def test_a_config_that_cannot_fit_is_refused_before_a_run_exists(
     home, tiny_model_dir, prompts_file, monkeypatch
 ):
+    import palaestra.devices
     from palaestra.plan import PlanDoesNotFitError
     from tiny_runs import tiny_config
 
-    monkeypatch.setattr(planning, "host_memory", lambda: (10**6, 10**6))  # a 1 MB machine
+    monkeypatch.setattr(palaestra.devices, "host_memory", lambda: (10**6, 10**6))  # 1 MB
     config = tiny_config(tiny_model_dir, prompts_file)
     with pytest.raises(PlanDoesNotFitError) as refused:
         config.train()
     message = str(refused.value)
-    # The runtime (560 MiB) is the largest term of a 2-layer model's run; the message names it,
+    # The process itself is the largest term of a 2-layer model's run; the message names it,
     # its bytes and the machine's.
-    assert "the largest term is runtime (1 process) (0.55 GiB)" in message
+    runtime = f"runtime (1 process) ({planning.CPU_RUNTIME_BYTES / 2**30:.2f} GiB)"
+    assert f"the largest term is {runtime}" in message
     assert "0.00 GiB" in message and "PALAESTRA_SKIP_PLAN=1" in message
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
     monkeypatch.setenv("PALAESTRA_SKIP_PLAN", "1")
