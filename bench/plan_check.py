@@ -3,6 +3,7 @@ built-in haiku dataset, its peak resident memory (VmHWM) beside ``TrainConfig.pl
 
     python bench/plan_check.py [--steps 3] [--precision auto|float32|bfloat16] [--json PATH]
     python bench/plan_check.py --activations [--precision ...]
+    python bench/plan_check.py --runtime
 
 The run is ``TrainConfig.train()`` in a child process of its own (so its high-water mark is
 the run's, not this script's), with the palaestra home of this machine, the embedded model
@@ -13,6 +14,10 @@ machine's load does not change it.
 for the backward of one micro-batch of the learner's pass (``train.scoring.score_tokens``,
 parameters excluded), on a model of the embedded shape with random weights, at two response
 lengths, and prints the bytes per token and layer and the elements per token and layer.
+
+``--runtime`` measures what ``plan.CPU_RUNTIME_BYTES`` models: the resident memory of a process
+that has imported what a run imports and prepared the embedded model's tokenizer and prompts,
+just before a run would load the model.
 """
 
 from __future__ import annotations
@@ -123,16 +128,36 @@ def activations(precision: str) -> None:
     )
 
 
+def runtime() -> None:
+    import transformers  # noqa: F401  (what a run imports before its model)
+
+    from palaestra import SmolLM2_135M
+    from palaestra.backends import local  # noqa: F401
+    from palaestra.models.loading import load_tokenizer
+    from palaestra.rollout.prompts import prepare_prompts
+    from palaestra.train import loop  # noqa: F401
+
+    run = config(1, "auto")
+    tokenizer = load_tokenizer(SmolLM2_135M().weights_path(), None, None)
+    prepare_prompts(run.dataset, tokenizer, run.recipe.apply_chat_template_kwargs)
+    with open("/proc/self/status") as lines:
+        rss = next(int(line.split()[1]) for line in lines if line.startswith("VmRSS:"))
+    print(f"resident before the model loads: {rss / 1024:.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--json")
     parser.add_argument("--activations", action="store_true")
+    parser.add_argument("--runtime", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.activations:
         return activations(args.precision)
+    if args.runtime:
+        return runtime()
     if args.child:
         return child(args.steps, args.precision)
     from palaestra import SmolLM2_135M

@@ -42,10 +42,10 @@ MFU = 0.40
 OVERRIDE_ENV = "PALAESTRA_SKIP_PLAN"
 """Set to 1 to launch a config the plan says does not fit (when the estimate is wrong)."""
 
-CPU_RUNTIME_BYTES = 560 * 1024**2
-"""A CPU run's process before any model: Python, torch, transformers, tokenizer, the data and
-the allocator's retained heap. Measured with ``bench/plan_check.py`` (the embedded model's
-run, less the plan's other terms)."""
+CPU_RUNTIME_BYTES = 470 * 1024**2
+"""A CPU run's process before its model loads: Python, torch, transformers, the tokenizer and
+the prompts (461 and 478 MiB resident in two measurements for the embedded model's run,
+``bench/plan_check.py --runtime``)."""
 GPU_RUNTIME_BYTES = 1 * GIB
 """A GPU process's CUDA context, cuBLAS workspaces and allocator slack, per device."""
 ACTIVATION_SCALE = {2: 1.18, 4: 1.04}
@@ -408,7 +408,12 @@ def device_rows(
     host = [replace(t, phase="always") for t in learner if t.phase == "host"]
     learner = [t for t in learner if t.phase != "host"]
     if layout.device == "cpu":
-        processes = 1 + (layout.engines if layout.separate_engine_processes else 0)
+        # One machine's memory holds every process: each learner rank's share (so the whole
+        # learner, and a runtime per rank) and each engine worker's.
+        ranks = layout.learner_devices
+        learner = [replace(t, bytes=t.bytes * ranks) for t in learner]
+        host = [replace(t, bytes=t.bytes * ranks) for t in host]
+        processes = ranks + (layout.engines if layout.separate_engine_processes else 0)
         runtime = Term(
             f"runtime ({processes} process{'es' if processes > 1 else ''})",
             processes * CPU_RUNTIME_BYTES,
