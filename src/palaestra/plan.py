@@ -594,7 +594,7 @@ def check_plan(config) -> Plan | None:
         return None
     try:
         plan = plan_config(config, measure=False)
-    except (ValueError, OSError):
+    except (ValueError, OSError, KeyError):
         return None  # no shape or tokenizer offline: nothing to check; the run finds out itself
     reason = plan.refusal()
     if reason is not None:
