@@ -19,6 +19,7 @@ run store and the CLI read checkpoints without it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -84,12 +85,16 @@ def write_checkpoint(
     write_weights: Callable[[Path], None],
     info: dict[str, Any],
     trainer_state: dict[str, Any],
+    needed_bytes: int = 0,
 ) -> Path:
     """Write ``step_NNNNNN`` atomically. ``write_weights(folder)`` puts the HF-format weights,
     tokenizer and optimiser state (or the adapters) into the staging folder; ``info`` becomes
     palaestra.json (with ``step``), ``trainer_state`` (plain JSON values) trainer_state.json,
     written last: a folder with it is complete. A save that fails (disk full, no permission)
-    removes its staging folder and raises CheckpointSaveError naming the folder and why."""
+    removes its staging folder and raises CheckpointSaveError naming the folder and why; one
+    that cannot fit (``needed_bytes`` more than the disk has free) fails before writing."""
+    final = checkpoints_dir / folder_name(step)
+    check_free_space(final, needed_bytes)
 
     def write(staging: Path) -> None:
         write_weights(staging)
@@ -97,7 +102,6 @@ def write_checkpoint(
         text = json.dumps(trainer_state, default=str)
         (staging / TRAINER_STATE_FILE).write_text(text)
 
-    final = checkpoints_dir / folder_name(step)
     try:
         return write_folder_atomic(final, write)
     except Exception as error:
@@ -108,6 +112,42 @@ def write_checkpoint(
         raise CheckpointSaveError(
             code, f"cannot save checkpoint {final.name} to {final}: {reason}"
         ) from error
+
+
+def check_free_space(final: Path, needed_bytes: int) -> None:
+    """CheckpointSaveError (ENOSPC) naming the bytes needed and free when ``needed_bytes`` do
+    not fit on the disk of ``final``'s folder, before anything is written."""
+    if needed_bytes <= 0:
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(final.parent).free
+    if needed_bytes > free:
+        raise CheckpointSaveError(
+            errno.ENOSPC,
+            f"cannot save checkpoint {final.name} to {final}: it needs about {needed_bytes} bytes "
+            f"({needed_bytes / 1024**3:.2f} GiB) and the disk has {free} bytes "
+            f"({free / 1024**3:.2f} GiB) free. Free space, set recipe.save_total_limit to keep "
+            "fewer checkpoints, or recipe.no_save_optim=True to write no optimiser state",
+        )
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder``."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def drop_optimizer_state(folder: Path) -> None:
+    """Delete a checkpoint's optimiser state: its weights still load; a run continued from it
+    starts AdamW's moments afresh."""
+    (folder / OPTIMIZER_FILE).unlink(missing_ok=True)
+
+
+def remove_checkpoint(folder: Path) -> None:
+    """Delete a checkpoint so that it is never listed half deleted: renamed to a hidden
+    staging name first (``remove_stale_staging`` finishes the job after a crash)."""
+    hidden = folder.with_name(f".{folder.name}-removed")
+    os.replace(folder, hidden)
+    shutil.rmtree(hidden, ignore_errors=True)
 
 
 class CheckpointSaveError(OSError):

@@ -95,6 +95,37 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from palaestra.config_file import load_train_file
+    from palaestra.plan import layout_of
+
+    config = load_train_file(args.file)
+    layout = None
+    if args.learner_gpus or args.colocate or args.offload_optimizer:
+        recipe = config.recipe
+        layout = layout_of(recipe)
+        if args.learner_gpus:
+            gpus = max(recipe.rollout_num_gpus, args.learner_gpus)
+            co = args.colocate
+            engines = gpus if co else max(gpus - args.learner_gpus, 1)
+            layout = replace(
+                layout,
+                device="cuda",
+                learner_devices=args.learner_gpus,
+                shard=args.learner_gpus,
+                colocated=co,
+                engines=engines,
+                engine_devices=args.learner_gpus if co else engines,
+                engines_sleep=co and layout.engine == "vllm",
+            )
+        layout = replace(layout, offload_optimizer=args.offload_optimizer)
+    plan = config.plan(layout=layout, gpu=args.gpu, prompt_tokens=args.prompt_tokens)
+    print(plan.table())
+    return 0 if plan.fits else 1
+
+
 def follow_training(run, poll_s: float = 0.3) -> int:
     """Print the run's log as it grows, with a progress line per step (in place of the
     training process's own step lines), until it ends."""
@@ -524,6 +555,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--detach", action="store_true", help="start the run and return at once")
     train.add_argument("--name", help="prefix of the run id (overrides the file's name)")
     train.set_defaults(handler=cmd_train)
+
+    plan = commands.add_parser(
+        "plan", help="what a TOML file's run will hold per device, and a step's expected time"
+    )
+    plan.add_argument("file", metavar="RECIPE.toml", help="model, dataset, recipe and reward")
+    plan.add_argument("--gpu", help="plan for this GPU (H100, H200, A100, L40S); default: this one")
+    plan.add_argument("--prompt-tokens", type=int, help="prompt length (default: measured)")
+    plan.add_argument(
+        "--learner-gpus", type=int, help="what if: shard the learner over this many GPUs (FSDP2)"
+    )
+    plan.add_argument(
+        "--colocate", action="store_true", help="what if: engines on the learner's GPUs"
+    )
+    plan.add_argument(
+        "--offload-optimizer", action="store_true", help="what if: optimiser in host memory"
+    )
+    plan.set_defaults(handler=cmd_plan)
 
     run = commands.add_parser("run", help="list, inspect and stop runs")
     runs = run.add_subparsers(title="run commands", metavar="ACTION", required=True)

@@ -15,6 +15,7 @@ from palaestra.trackers import DashboardMetricConfig, MetricConfig, metric_confi
 
 if TYPE_CHECKING:
     from palaestra.launch.training import TrainingRun
+    from palaestra.plan import Layout, Plan
     from palaestra.runs.handles import TrainResult
 
 
@@ -82,6 +83,20 @@ class TrainConfig(BaseModel):
             check_model_folder(path)
         for tracker in metric_configs(self.metrics):
             tracker.check_installed()
+        from palaestra.plan import check_plan
+
+        check_plan(self)  # refuses a run that cannot fit in memory, before any process starts
+
+    def plan(
+        self, layout: Layout | None = None, gpu: str | None = None, prompt_tokens: int | None = None
+    ) -> Plan:
+        """What the run will hold per device (weights, gradients, optimiser, reference,
+        activations, engines' weights and KV cache) and how long a step should take; printable
+        as a table. ``layout`` plans another layout than the recipe's (``palaestra.plan.Layout``),
+        ``gpu`` another GPU (``"H100"``), ``prompt_tokens`` another prompt length."""
+        from palaestra.plan import plan_config
+
+        return plan_config(self, layout, gpu, prompt_tokens)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The resolved config, as written to the run's ``config.json``."""

@@ -34,7 +34,8 @@ class Recipe(BaseModel):
       ``entropy_coef``, ``mask_truncated_responses``.
     - Optimiser: ``lr``, ``weight_decay``, ``max_grad_norm``.
     - LoRA: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``target_modules``.
-    - Saving and evaluation: ``save_interval``, ``eval_interval``.
+    - Saving and evaluation: ``save_interval``, ``eval_interval``, ``save_total_limit``,
+      ``no_save_optim``.
     - Multi-turn: ``custom_generate_function``, ``extra_config``, ``environment``, ``tools``,
       ``max_turns``, ``tool_error``, ``environment_timeout_s``, ``max_context_len``.
     - Infra: ``precision``, ``train_micro_batch_size``, ``rollout_num_gpus``,
@@ -165,6 +166,16 @@ class Recipe(BaseModel):
     eval_interval: int | None = Field(None, ge=1)
     """Score ``TrainConfig.eval_dataset`` (one sample per row, fixed seed) every this many
     steps, logged as ``eval_reward_mean``; None: never."""
+
+    # -- Checkpoint retention: what a run keeps on disk.
+    save_total_limit: int | None = Field(None, ge=1)
+    """Keep at most this many of the run's checkpoints, the newest (TRL's ``save_total_limit``,
+    verl's ``max_actor_ckpt_to_keep``); older ones are deleted after each save, except any that
+    a running endpoint serves or a saved eval scored. None (default): keep every one."""
+    no_save_optim: bool = False
+    """Write no optimiser state (slime's ``no_save_optim``): checkpoints hold the weights alone,
+    and a run continued from one starts AdamW's moments afresh. Either way only the newest
+    checkpoint keeps its optimiser state (what a resume needs); older ones drop theirs."""
 
     # -- Multi-turn: episodes of several turns (a custom generate function, or an environment
     #    and tools), see palaestra.rollout.multi_turn.
@@ -567,10 +578,27 @@ class Qwen3_4B_Recipe(Recipe):
     train_micro_batch_size: int = preset("train_micro_batch_size", 4)
 
 
-class Qwen3_5_4B_Recipe(Qwen3_4B_Recipe):
-    """Single-GPU defaults for Qwen3.5-4B: those of Qwen3-4B (verl's Qwen3 GRPO example and
-    DAPO's clip-higher), since no published recipe for Qwen3.5 at this size differs. Not
-    checked by a run here."""
+class Qwen3_5_4B_Recipe(Recipe):
+    """The Training Gym's recipe for Qwen3.5-4B on 8 GPUs: 16 prompts x 8 samples a step, up
+    to 4096 response tokens, lr 5e-7, slime's clip-higher (0.28) and weight decay (0.1), a
+    checkpoint every 10 steps, no KL term; its ``max_tokens_per_gpu`` of 8192 is two sequences
+    of a prompt and 4096 tokens a pass. Not checked by a run here.
+
+    The Gym trains it colocated: the learner sharded over all 8 GPUs with its optimiser in
+    host memory, the engines on the same GPUs, asleep during the update. ``TrainConfig.plan()``
+    shows that layout fitting 8 x 80 GB (``docs/plan.md``); one unsharded float32 learner on
+    one GPU (the layout without the learner-sharding fields) does not fit 80 GB, and the plan
+    refuses it before launch."""
+
+    rollout_batch_size: int = preset("rollout_batch_size", 16)
+    n_samples_per_prompt: int = preset("n_samples_per_prompt", 8)
+    rollout_max_response_len: int = preset("rollout_max_response_len", 4096)
+    lr: float = preset("lr", 5e-7)
+    weight_decay: float = preset("weight_decay", 0.1)
+    eps_clip_high: float | None = preset("eps_clip_high", 0.28)
+    save_interval: int | None = preset("save_interval", 10)
+    rollout_num_gpus: int = preset("rollout_num_gpus", 8)
+    train_micro_batch_size: int = preset("train_micro_batch_size", 2)
 
 
 def check_vllm_engine(recipe: Recipe) -> None:

@@ -212,8 +212,9 @@ def checkpoint_problems(run: TrainingRun, only: list[Path] | None = None) -> lis
         try:
             weights = load_file(folder / "model.safetensors")
             assert weights, "no tensors"
-            optimizer = torch.load(folder / "optimizer.pt", weights_only=True)["optimizer"]
-            assert optimizer["state"], "no optimiser state"
+            if checkpoint == run.checkpoints()[-1]:  # older ones drop theirs (retention)
+                optimizer = torch.load(folder / "optimizer.pt", weights_only=True)["optimizer"]
+                assert optimizer["state"], "no optimiser state"
             state = json.loads((folder / "trainer_state.json").read_text())
             assert state["step"] == checkpoint.step, f"trainer state says {state['step']}"
             info = json.loads((folder / "palaestra.json").read_text())

@@ -127,9 +127,13 @@ def test_the_embedded_model_is_served_as_its_preset_trains_it():
 def test_the_qwen_presets_follow_their_published_recipes():
     from palaestra import Qwen3_4B_Recipe, Qwen3_5_4B_Recipe
 
-    for recipe in (Qwen3_4B_Recipe(), Qwen3_5_4B_Recipe()):
-        assert (recipe.lr, recipe.kl_loss_coef, recipe.clip_high) == (1e-6, 0.001, 0.28)
-        assert (recipe.rollout_max_response_len, recipe.rollout_temperature) == (1024, 1.0)
+    recipe = Qwen3_4B_Recipe()  # verl's Qwen3 GRPO example
+    assert (recipe.lr, recipe.kl_loss_coef, recipe.clip_high) == (1e-6, 0.001, 0.28)
+    assert (recipe.rollout_max_response_len, recipe.rollout_temperature) == (1024, 1.0)
+    recipe = Qwen3_5_4B_Recipe()  # the Training Gym's Qwen3.5-4B recipe on 8 GPUs
+    assert (recipe.lr, recipe.kl_loss_coef, recipe.clip_high) == (5e-7, 0.0, 0.28)
+    assert (recipe.rollout_batch_size, recipe.n_samples_per_prompt) == (16, 8)
+    assert (recipe.rollout_max_response_len, recipe.rollout_num_gpus) == (4096, 8)
 
 
 def test_rollout_engine_resolves_to_vllm_only_where_it_can_run(monkeypatch):

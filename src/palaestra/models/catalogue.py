@@ -8,8 +8,10 @@ complete config and ``Qwen3_4B(source="/models/qwen3-4b")`` points the same mode
 from __future__ import annotations
 
 import sys
+from typing import ClassVar
 
 from palaestra.models.config import ModelConfig
+from palaestra.models.shape import ModelShape
 
 
 class SmolLM2_135M(ModelConfig):
@@ -25,6 +27,17 @@ class SmolLM2_135M(ModelConfig):
     # the model the way training did, and a reply left without max_tokens is a short one.
     default_max_tokens: int | None = 24
     default_temperature: float | None = 0.8
+    # The config.json inside the converted GGUF (transformers' LlamaConfig of the model).
+    shape: ClassVar[ModelShape] = ModelShape(
+        hidden=576,
+        intermediate=1536,
+        layers=30,
+        heads=9,
+        kv_heads=3,
+        head_dim=64,
+        vocab=49152,
+        tied_embeddings=True,
+    )
 
 
 class SmolLM2_360M(ModelConfig):
@@ -50,6 +63,19 @@ class Qwen3_1_7B(ModelConfig):
 class Qwen3_4B(ModelConfig):
     name: str = "Qwen3-4B"
     source: str = "Qwen/Qwen3-4B"
+    # Qwen/Qwen3-4B's config.json (also slime's scripts/models/qwen3-4B.sh): 4,022,468,096
+    # parameters, as transformers' Qwen3ForCausalLM of these numbers counts them.
+    shape: ClassVar[ModelShape] = ModelShape(
+        hidden=2560,
+        intermediate=9728,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=151936,
+        tied_embeddings=True,
+        qk_norm=True,
+    )
 
 
 class Qwen3_8B(ModelConfig):
@@ -70,6 +96,28 @@ class Qwen3_5_2B(ModelConfig):
 class Qwen3_5_4B(ModelConfig):
     name: str = "Qwen3.5-4B"
     source: str = "Qwen/Qwen3.5-4B"
+    # The text model of Qwen/Qwen3.5-4B's config.json, as its model card and GGUF metadata give
+    # it: 32 layers, every 4th full (gated) attention, the rest Gated DeltaNet (16 key and 32
+    # value heads of 128); embeddings tied to the head. 4,205,751,296 parameters without the
+    # vision tower, as transformers' Qwen3_5ForCausalLM of these numbers counts them.
+    shape: ClassVar[ModelShape] = ModelShape(
+        hidden=2560,
+        intermediate=9216,
+        layers=32,
+        heads=16,
+        kv_heads=4,
+        head_dim=256,
+        vocab=248320,
+        tied_embeddings=True,
+        attention_layers=8,
+        attention_output_gate=True,
+        qk_norm=True,
+        linear_key_heads=16,
+        linear_value_heads=32,
+        linear_key_dim=128,
+        linear_value_dim=128,
+        linear_conv_kernel=4,
+    )
 
 
 class Qwen3_5_9B(ModelConfig):

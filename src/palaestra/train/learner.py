@@ -96,11 +96,12 @@ class Learner:
 
     def save(self, folder: Path) -> None:
         """Write the weights (a LoRA model: its adapters), the tokenizer and the optimiser's
-        state into ``folder``."""
+        state (unless ``recipe.no_save_optim``) into ``folder``."""
         self.model.save_pretrained(folder)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(folder)
-        torch.save({"optimizer": self.optimizer.state_dict()}, Path(folder) / OPTIMIZER_FILE)
+        if not self.recipe.no_save_optim:
+            torch.save({"optimizer": self.optimizer.state_dict()}, Path(folder) / OPTIMIZER_FILE)
 
     def load(self, folder: Path) -> None:
         """Continue from the optimiser state saved in ``folder`` (the weights were loaded with

@@ -24,6 +24,7 @@ from palaestra.runs.directory import RunDirectory
 from palaestra.runs.progress import step_line
 from palaestra.trackers.mirror import Trackers, open_trackers
 from palaestra.train import records
+from palaestra.train.retention import apply_retention, bytes_needed
 from palaestra.train.seam import Backend
 from palaestra.train.state import Start, TrainerState, resolve_start
 from palaestra.types import Sample
@@ -111,7 +112,11 @@ def train_one_step(
     saved = None
     save_started = time.monotonic()
     if step == state.last_step or (recipe.save_interval and step % recipe.save_interval == 0):
-        saved = write_checkpoint(run.checkpoints_dir, step, learner.save, info, state.to_json())
+        needed = bytes_needed(run.checkpoints_dir, recipe, config.model)
+        saved = write_checkpoint(
+            run.checkpoints_dir, step, learner.save, info, state.to_json(), needed
+        )
+        apply_retention(run.checkpoints_dir, recipe, saved)  # keep what the recipe asks for
     metrics["save_s"] = time.monotonic() - save_started
     metrics["step_s"] = time.monotonic() - started
     records.append_step(run, rows, metrics)
