@@ -219,7 +219,8 @@ def summary(args, tally: Tally, rss: tuple[int, int], wall_s: float) -> dict:
 def main() -> None:
     import tempfile
 
-    # Here, not at the top: tests/integration/faults/test_flood.py loads this file without bench/ on the path.
+    # Here, not at the top: tests/integration/faults/test_flood.py loads this file without
+    # bench/ on the path.
     from results import add_arguments, record, smoke_defaults
 
     import palaestra

@@ -94,20 +94,21 @@ class Layout:
 
 
 def layout_of(recipe: Recipe, engine: str | None = None) -> Layout:
-    """The layout the run's code builds for ``recipe`` today. The learner-sharding fields
-    (``actor_num_gpus_per_node``, ``actor_num_nodes``, ``colocate``, ``offload_optimizer``)
-    are read where a Recipe has them; without them the learner is one rank on one device."""
+    """The layout ``recipe`` describes: with more than one learner rank
+    (``actor_num_gpus_per_node`` x ``actor_num_nodes``) the learner is sharded over them,
+    ``colocate`` puts the engines on the same devices and ``optimizer_offload`` keeps the
+    optimiser in host memory; else the learner is one rank on one device."""
     gpus = recipe.rollout_num_gpus
-    per_node = getattr(recipe, "actor_num_gpus_per_node", None)
-    nodes = getattr(recipe, "actor_num_nodes", 1) or 1
-    colocate = getattr(recipe, "colocate", None)
-    offload = bool(getattr(recipe, "offload_optimizer", False))
+    per_node = recipe.actor_num_gpus_per_node
+    nodes = recipe.actor_num_nodes
+    colocate = recipe.colocate
+    offload = recipe.optimizer_offload
     kind = engine or ("vllm" if gpus and recipe.rollout_engine != "torch" else "torch")
     if recipe.rollout_engine != "auto":
         kind = recipe.rollout_engine
-    if per_node:
+    if recipe.learner_ranks > 1:
         learners = per_node * nodes
-        co = bool(colocate) if colocate is not None else True
+        co = colocate
         engines = gpus if gpus else recipe.num_rollout_workers
         return Layout(
             device="cuda" if gpus else "cpu",
@@ -122,7 +123,7 @@ def layout_of(recipe: Recipe, engine: str | None = None) -> Layout:
             separate_engine_processes=recipe.backend == "ray" or gpus > 1,
         )
     if gpus > 1:
-        # backends/ray_setup.gpu_layout: one learner GPU, an engine on each of the others.
+        # launch/checks.gpu_layout: one learner GPU, an engine on each of the others.
         return Layout("cuda", 1, 1, gpus - 1, gpus - 1, False, False, offload, kind, True)
     if gpus == 1:
         return Layout("cuda", 1, 1, 1, 1, True, False, offload, kind)

@@ -342,12 +342,12 @@ class Recipe(BaseModel):
     over gloo (``rollout_num_gpus=0``): processes of the run's own on the local backend, actors
     on the driver's node on Ray. That rehearses a GPU layout on one machine with the same
     numbers as one process. GPU ranks over NCCL are not wired yet: refused naming this
-    field."""
+    field at launch (``TrainConfig.plan()`` sizes it all the same)."""
     colocate: bool = False
     """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
     there). False: today's layout, learner and engines on devices of their own (with one GPU
     or a CPU run they share it anyway). True with a sharded learner (engines asleep through
-    the update) is not built yet and is an error naming this field."""
+    the update) is not built yet: an error naming this field at launch."""
     activation_checkpointing: bool = False
     """Sharded learner: recompute each transformer block's activations in the backward instead
     of keeping them (less memory, about a third more forward arithmetic)."""
@@ -367,16 +367,6 @@ class Recipe(BaseModel):
             raise ValueError(
                 f"actor_num_nodes={self.actor_num_nodes}: a learner spanning several machines "
                 "is not supported yet; use actor_num_nodes=1"
-            )
-        if self.learner_ranks > 1 and self.rollout_num_gpus:
-            raise ValueError(
-                f"actor_num_gpus_per_node={self.actor_num_gpus_per_node}: a sharded learner "
-                "runs on CPU ranks for now (rollout_num_gpus=0); GPU ranks are not wired yet"
-            )
-        if self.colocate and self.learner_ranks > 1:
-            raise ValueError(
-                "colocate=True with a sharded learner (engines sleeping through the update) "
-                "is not supported yet; set colocate=False"
             )
         return self
 
@@ -476,6 +466,7 @@ def check_runnable_here(recipe: Recipe) -> None:
     checks are ``launch.checks.check_ray_here``)."""
     overlay_steps(recipe.image_overlay)  # a call with no meaning here fails now, naming it
     check_gpus(recipe)
+    check_sharding_runs(recipe)
     if recipe.rollout_engine == "vllm":
         check_vllm_engine(recipe)
     if recipe.custom_rm_function is None and recipe.loss_type != "sft_loss":
@@ -584,11 +575,11 @@ class Qwen3_5_4B_Recipe(Recipe):
     checkpoint every 10 steps, no KL term; its ``max_tokens_per_gpu`` of 8192 is two sequences
     of a prompt and 4096 tokens a pass. Not checked by a run here.
 
-    The Gym trains it colocated: the learner sharded over all 8 GPUs with its optimiser in
-    host memory, the engines on the same GPUs, asleep during the update. ``TrainConfig.plan()``
-    shows that layout fitting 8 x 80 GB (``docs/plan.md``); one unsharded float32 learner on
-    one GPU (the layout without the learner-sharding fields) does not fit 80 GB, and the plan
-    refuses it before launch."""
+    The Gym trains it colocated, and so does this preset's layout: the learner sharded over all
+    8 GPUs with its optimiser in host memory, the engines on the same GPUs, asleep during the
+    update. ``TrainConfig.plan()`` shows that layout fitting 8 x 80 GB (``docs/plan.md``); one
+    unsharded float32 learner on one GPU does not fit 80 GB. GPU learner ranks and colocated
+    engines are not built yet, so launching it is refused (``check_sharding_runs``)."""
 
     rollout_batch_size: int = preset("rollout_batch_size", 16)
     n_samples_per_prompt: int = preset("n_samples_per_prompt", 8)
@@ -599,6 +590,26 @@ class Qwen3_5_4B_Recipe(Recipe):
     save_interval: int | None = preset("save_interval", 10)
     rollout_num_gpus: int = preset("rollout_num_gpus", 8)
     train_micro_batch_size: int = preset("train_micro_batch_size", 2)
+    actor_num_gpus_per_node: int = preset("actor_num_gpus_per_node", 8)
+    colocate: bool = preset("colocate", True)
+    optimizer_offload: bool = preset("optimizer_offload", True)
+
+
+def check_sharding_runs(recipe: Recipe) -> None:
+    """The learner layouts a recipe can describe (and ``TrainConfig.plan()`` can size) but the
+    run cannot build yet: GPU ranks over NCCL, and engines asleep on the learner's devices."""
+    if recipe.learner_ranks > 1 and recipe.rollout_num_gpus:
+        raise RecipeNotRunnableError(
+            f"actor_num_gpus_per_node={recipe.actor_num_gpus_per_node} with "
+            f"rollout_num_gpus={recipe.rollout_num_gpus}: a sharded learner runs on CPU ranks "
+            "for now (rollout_num_gpus=0); GPU ranks over NCCL are not wired yet. "
+            "TrainConfig.plan() still sizes this layout"
+        )
+    if recipe.colocate and recipe.learner_ranks > 1:
+        raise RecipeNotRunnableError(
+            "colocate=True with a sharded learner (engines asleep through the update) is not "
+            "built yet; set colocate=False. TrainConfig.plan() still sizes this layout"
+        )
 
 
 def check_vllm_engine(recipe: Recipe) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from palaestra.runs.handles import RunFailedError
-from tiny_runs import count_lowercase, tiny_config
+from tests.support.tiny_runs import count_lowercase, tiny_config
 
 
 def scored_first_checkpoint(args, sample, **kwargs) -> float:

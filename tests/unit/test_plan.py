@@ -170,10 +170,14 @@ def test_the_seed_recipe_fits_8_h100s_sharded_and_colocated_not_on_one_learner_g
     from palaestra.models.catalogue import Qwen3_5_4B
 
     h100 = planning.gpu_device("H100")
-    today = make_plan(recipe, Qwen3_5_4B.shape, planning.layout_of(recipe), h100, 256)
+    one_learner_gpu = recipe.model_copy(
+        update=dict(actor_num_gpus_per_node=1, colocate=False, optimizer_offload=False)
+    )
+    today = make_plan(recipe, Qwen3_5_4B.shape, planning.layout_of(one_learner_gpu), h100, 256)
     assert not today.fits
     assert "the largest term is" in today.refusal()
-    sharded = Layout("cuda", 8, 8, 8, 8, True, True, True, "vllm")
+    sharded = Layout("cuda", 8, 8, 8, 8, True, True, True, "vllm", True)
+    assert planning.layout_of(recipe) == sharded  # the preset's own layout
     planned = make_plan(recipe, Qwen3_5_4B.shape, sharded, h100, 256)
     assert planned.fits
     assert planned.rows[0].peak < 80 * 10**9
@@ -184,7 +188,7 @@ def test_a_config_that_cannot_fit_is_refused_before_a_run_exists(
 ):
     import palaestra.devices
     from palaestra.plan import PlanDoesNotFitError
-    from tiny_runs import tiny_config
+    from tests.support.tiny_runs import tiny_config
 
     monkeypatch.setattr(palaestra.devices, "host_memory", lambda: (10**6, 10**6))  # 1 MB
     config = tiny_config(tiny_model_dir, prompts_file)
