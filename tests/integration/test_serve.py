@@ -484,10 +484,23 @@ def test_several_samples_per_prompt_score_their_mean(endpoint, prompts_file):
         EvalConfig(dataset, eval_fn=len, generate_kwargs={"n": 2})
 
 
-def test_a_seeded_request_gets_the_same_reply_alone_and_among_others(client):
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def sampling_in(request, module_home, tiny):
+    """An endpoint of the tiny model sampling in each precision it can sample in (bfloat16
+    is emulated, and slow, on CPUs without AVX-512 BF16: the tiny model keeps it short)."""
+    name = f"tiny-{request.param}"
+    served = Endpoint.launch(tiny, name=name, recreate_if_existing=True, precision=request.param)
+    served.wait_until_ready(timeout=120)
+    yield openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0), name
+    served.stop()
+
+
+def test_a_seeded_request_gets_the_same_reply_alone_and_among_others(sampling_in):
+    client, name = sampling_in
+
     def ask(seed: int, text: str = "Write a haiku about rain.") -> str:
         reply = client.chat.completions.create(
-            model="tiny-open",
+            model=name,
             messages=[{"role": "user", "content": text}],
             max_tokens=24,
             temperature=1.0,
@@ -502,6 +515,11 @@ def test_a_seeded_request_gets_the_same_reply_alone_and_among_others(client):
         crowd = [future.result() for future in crowd]
     assert among_others.result() == by_itself
     assert len(set(crowd)) > 1  # the others really were other requests
+
+
+def test_an_endpoint_refuses_a_precision_it_does_not_know(tiny):
+    with pytest.raises(ValueError, match="precision must be auto, float32 or bfloat16"):
+        Endpoint.launch(tiny, name="tiny-fp16", precision="float16")
 
 
 def test_an_evaluation_repeats_exactly_whatever_its_concurrency(endpoint, prompts_file):

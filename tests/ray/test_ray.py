@@ -123,27 +123,33 @@ def test_two_workers_draw_the_local_samples_and_end_with_its_weights(
     assert all(m["weight_sync_s"] >= 0 for m in remote.metrics())
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 @pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
 def test_every_worker_holds_the_learners_weights_after_a_sync(
-    home, tiny_model_dir, data, ray_head, lora
+    home, tiny_model_dir, data, ray_head, lora, precision
 ):
     from palaestra.backends.ray import build_ray
     from palaestra.train.state import Start, TrainerState
 
-    config = on_ray(ray_head, tiny_model_dir, data, lora_rank=lora, num_rollout_workers=2)
+    config = on_ray(
+        ray_head, tiny_model_dir, data, lora_rank=lora, num_rollout_workers=2, precision=precision
+    )
+    # The learner keeps float32 weights; workers sample from them in the run's precision (in
+    # bfloat16, a copy rounded to it), so both are compared in that precision.
+    dtype = getattr(torch, precision)
     sampler, learner = build_ray(config, Start(None, TrainerState(0, 3)))
     try:
         pool = sampler.engine
         rollout = sampler.sample(1, 0)
         advantages = [float(i % 3) - 1 for i in range(len(rollout.trained_B))]
-        before = ray.get(learner.actor.digest.remote(torch.float32))
+        before = ray.get(learner.actor.digest.remote(dtype))
         learner.train_step(rollout.trained_B, advantages)
-        after = ray.get(learner.actor.digest.remote(torch.float32))
+        after = ray.get(learner.actor.digest.remote(dtype))
         assert after != before  # the step changed the weights...
-        stale = ray.get([w.digest.remote(torch.float32) for w in pool.workers])
+        stale = ray.get([w.digest.remote(dtype) for w in pool.workers])
         assert stale == [before, before]  # ...which the workers do not have until the sync
         sampler.update_weights(learner.weights(), version=1)
-        synced = ray.get([w.digest.remote(torch.float32) for w in pool.workers])
+        synced = ray.get([w.digest.remote(dtype) for w in pool.workers])
         assert synced == [after, after]
         assert pool.weight_version == 1
         assert {s.weight_version for s in sampler.sample(2, 2).samples_B} == {1}

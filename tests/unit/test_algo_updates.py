@@ -92,11 +92,12 @@ def test_several_updates_per_rollout_score_old_logprobs_once(tokenizer):
     assert metrics["clip_fraction"] > 0
 
 
-def test_sampler_logprobs_are_the_old_logprobs(tokenizer):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_sampler_logprobs_are_the_old_logprobs(tokenizer, precision):
     # The sampler's log-probs are 0.1 below the trainer's on every token, so the ratio is
     # e^0.1 = 1.105 everywhere. With eps 0.05 the clip binds on tokens whose advantage is
     # positive (samples 2 and 3: rewards 1 and 0.5 over a mean of 0.375), and only there.
-    recipe = Recipe(lr=1e-3, n_samples_per_prompt=4, eps_clip=0.05)
+    recipe = Recipe(lr=1e-3, n_samples_per_prompt=4, eps_clip=0.05, precision=precision)
     model = build_tiny_model(tokenizer)
     samples = group(tokenizer)
     true_B_T = score_logprobs(model, batch_of(samples, recipe), recipe)
@@ -132,10 +133,13 @@ def test_entropy_bonus_alone_raises_entropy(tokenizer):
     assert second > first
 
 
-def test_kl_pulls_back_towards_the_reference(tokenizer):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_kl_pulls_back_towards_the_reference(tokenizer, precision):
     # Equal rewards (no policy gradient) on a policy moved away from its reference: the KL
     # term alone must shrink the KL.
-    recipe = Recipe(lr=1e-3, n_samples_per_prompt=4, kl_loss_coef=1.0, kl_loss_type="k3")
+    recipe = Recipe(
+        lr=1e-3, n_samples_per_prompt=4, kl_loss_coef=1.0, kl_loss_type="k3", precision=precision
+    )
     reference_model = build_tiny_model(tokenizer)
     policy = build_tiny_model(tokenizer, seed=1)
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from palaestra.engine import slot_attention
-from palaestra.engine.packed_linear import available, pack, product
+from palaestra.engine.packed_linear import available, pack, product, row_invariant
 from palaestra.models.lean_layers import ATTENTION_CLASSES, RMS_NORM_CLASSES, plain_swiglu
 
 CAUSAL_LM_CLASSES = frozenset(
@@ -217,7 +217,9 @@ def fits(model: torch.nn.Module) -> bool:
 
 def fused_pass(model: torch.nn.Module) -> FusedPass | None:
     """A ``FusedPass`` of ``model``, or ``None`` where its shape does not fit or packed
-    products are unavailable here (``packed_linear.available``)."""
+    products are unavailable here or not row-invariant at its shapes (``packed_linear``)."""
     if not fits(model) or not available(model.lm_head.weight):
         return None
-    return FusedPass(model)
+    fused = FusedPass(model)
+    weights = [(layer.qkv, layer.output, layer.gate_up, layer.down) for layer in fused.layers]
+    return fused if row_invariant([fused.head, *(w for ws in weights for w in ws)]) else None

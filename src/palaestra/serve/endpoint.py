@@ -73,6 +73,7 @@ class Endpoint:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_queued_requests: int = 256,  # serve.app.DEFAULT_MAX_QUEUED_REQUESTS
         engine: str = "auto",
+        precision: str = "auto",
     ) -> Endpoint:
         """Serve ``model`` (the base weights, or ``checkpoint``'s: a Checkpoint or a path) in a
         new process. Returns once the port is bound; ``wait_until_ready`` waits for the model.
@@ -86,7 +87,12 @@ class Endpoint:
         the ``vllm`` extra), which has its own request limits (the two above do not apply) and
         returns as soon as its process starts, its port known; ``"auto"``, vLLM on a machine
         with a CUDA GPU where it is installed, else torch.
+
+        ``precision`` (the torch server's): the dtype it samples in, as ``Recipe.precision``
+        names it; ``"auto"`` is bfloat16 where the CPU multiplies it natively, else float32.
         """
+        if precision not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"precision must be auto, float32 or bfloat16, got {precision!r}")
         engine = choose_engine(engine)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             checkpoint = Checkpoint.from_path(checkpoint)
@@ -114,6 +120,7 @@ class Endpoint:
                 "port": port,
                 "max_request_bytes": max_request_bytes,
                 "max_queued_requests": max_queued_requests,
+                "precision": precision,
             }
         )
         # The key travels in the environment, not on the command line, where ps shows it.

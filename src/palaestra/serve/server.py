@@ -24,8 +24,11 @@ from palaestra.serve.guard import DEFAULT_MAX_REQUEST_BYTES
 from palaestra.serve.targets import default_name, resolve_target
 
 
-def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> ServedModel:
-    """The model's weights (the checkpoint's, if given) behind a batcher, ready to serve."""
+def load_served(
+    name: str, model: ModelConfig, checkpoint: str | None, precision: str = "auto"
+) -> ServedModel:
+    """The model's weights (the checkpoint's, if given) behind a batcher, ready to serve,
+    sampled in ``precision`` (``Recipe.precision``'s names)."""
     import torch
 
     from palaestra.engine.torch_engine import TorchEngine
@@ -42,9 +45,9 @@ def load_served(name: str, model: ModelConfig, checkpoint: str | None) -> Served
     else:
         lm = load_causal_lm(weights, torch.float32, "cpu", model.revision, model.trust_remote_code)
     lm.eval()
-    # Serve from a bfloat16 copy where the hardware multiplies bfloat16 natively (about twice
-    # the tokens per second); the float32 weights are dropped once it is made.
-    dtype = compute_dtype("auto", "cpu")
+    # Auto serves from a bfloat16 copy where the hardware multiplies bfloat16 natively (about
+    # twice the tokens per second); the float32 weights are dropped once it is made.
+    dtype = compute_dtype(precision, "cpu")
     engine = TorchEngine(lm, tokenizer, dtype=None if dtype == torch.float32 else dtype)
     return ServedModel(name, model, tokenizer, Batcher(engine.decoder()), engine.max_context)
 
@@ -59,6 +62,7 @@ def serve(
     on_bound=None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
+    precision: str = "auto",
 ) -> None:
     """Serve until SIGTERM or Ctrl-C. ``on_bound(url)`` runs once the port is bound."""
     import uvicorn
@@ -80,7 +84,7 @@ def serve(
     def load() -> None:
         started = time.monotonic()
         try:
-            state.served = load_served(name, model, checkpoint)
+            state.served = load_served(name, model, checkpoint, precision)
         except BaseException:
             traceback.print_exc()
             print("palaestra: the model failed to load; stopping", flush=True)
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         on_bound,
         spec.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
         spec.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS),
+        spec.get("precision", "auto"),
     )
 
 
