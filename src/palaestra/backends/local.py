@@ -2,7 +2,8 @@
 
 The engine samples from the learner's very module, or from a bfloat16 copy of it where the
 hardware multiplies bfloat16 natively; a weight update then copies the learner's parameters
-into that copy (or, for the module itself, copies nothing).
+into that copy (or, for the module itself, copies nothing). Sampling ahead
+(``Recipe.max_staleness``) always samples from a copy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from palaestra.backends.building import (
     starting_weights,
     tokenizer_of,
 )
+from palaestra.engine.torch_engine import sampling_copy
 from palaestra.rollout.demonstrations import DemonstrationSampler
 from palaestra.rollout.sampler import GroupSampler
 from palaestra.train.learner import Learner
@@ -27,5 +29,9 @@ def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampl
     tokenizer = tokenizer_of(config, start)
     data = prepare_data(config, tokenizer)  # a bad dataset fails before the model loads
     learner = make_learner(config, start, tokenizer, device_of(config))
-    engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
+    policy = learner.model
+    if config.recipe.max_staleness:
+        # The learner updates while the engine samples ahead: they cannot share one module.
+        policy = sampling_copy(policy, next(policy.parameters()).dtype)
+    engine = make_engine(config, policy, tokenizer, starting_weights(config, start))
     return make_sampler(config, engine, data), learner
