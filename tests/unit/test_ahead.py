@@ -212,3 +212,18 @@ def test_crash_and_resume_settle_every_position_once(tmp_path, tiny_model_dir, p
     assert [e[:3] for e in final["ledger"]] == [[p, p + 1, "trained"] for p in range(6)]
     # The resumed run trained positions 2..5 (prompt index = position here), each once.
     assert learner.trained == [2, 3, 4, 5]
+
+
+def test_prompt_states_name_what_dynamic_sampling_did():
+    from palaestra.rollout.sampler import prompt_states
+
+    samples = group(1, 0, 0) + group(1, 1, 0) + group(1, 2, 0)
+    for sample, reward in zip(samples, [1.0, 0.0, 1.0, 1.0, 0.0, 1.0], strict=True):
+        sample.reward = reward
+    # Group 0 (1, 0) trained; group 1 (1, 1) has no signal; group 2 (0, 1) has signal but the
+    # step already had its one group.
+    assert prompt_states(samples, samples[:2], G) == [
+        "trained",
+        "dropped_dynamic",
+        "dropped_surplus",
+    ]
