@@ -20,6 +20,7 @@ script end to end. Progress goes to stderr; the results, as JSON, to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -55,7 +56,8 @@ def run_at(staleness: int, args) -> dict:
         name=f"offpolicy-{staleness}",
     )
     started = time.monotonic()
-    rows = config.train().metrics()
+    with contextlib.redirect_stdout(sys.stderr):  # the loop's step lines: stdout is the JSON
+        rows = config.train().metrics()
     timed = rows[1:] or rows  # the first step warms up
     loop_s = sum(row["step_s"] for row in rows)
     return {
