@@ -32,6 +32,8 @@ class Recipe(BaseModel):
     - Algorithm: ``advantage_estimator``, ``scale_rewards``, ``loss_type``, ``eps_clip``,
       ``eps_clip_high``, ``num_steps_per_rollout``, ``kl_loss_coef``, ``kl_loss_type``,
       ``entropy_coef``, ``mask_truncated_responses``.
+    - Off-policy: ``max_staleness``, ``off_policy_correction``, ``tis_cap``,
+      ``importance_level``.
     - Optimiser: ``lr``, ``weight_decay``, ``max_grad_norm``.
     - LoRA: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``target_modules``.
     - Saving and evaluation: ``save_interval``, ``eval_interval``, ``save_total_limit``,
@@ -138,6 +140,22 @@ class Recipe(BaseModel):
     mask_truncated_responses: bool = False
     """Leave responses cut at ``rollout_max_response_len`` out of the loss (default False),
     DAPO's overlong filtering. They still count in their group's baseline."""
+    max_staleness: int = Field(0, ge=0)
+    """How many weight versions the sampler may run ahead of the learner (default 0: sample,
+    then train, in turn). With k > 0 the sampler draws steps s+1..s+k while the learner trains
+    step s; a sample drawn by weights more than k versions older than the learner's is dropped
+    and counted (``stale_dropped_groups``). Pair it with ``off_policy_correction``."""
+    off_policy_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance correction for the gap between the sampler's policy and the learner's
+    (``algo.importance``; slime's ``use_tis`` is ``"tis"``): ``"tis"`` weights each token's
+    loss by ``min(pi_old / pi_sampler, tis_cap)``, ``"mis"`` drops the tokens whose ratio lies
+    outside ``[1 / tis_cap, tis_cap]``. Either scores the batch once more before the update
+    (``pi_old``, the learner's own log-probs) and needs the engine's sampling log-probs."""
+    tis_cap: float = Field(2.0, gt=1)
+    """The importance ratio's cap (TIS) or band ``[1 / tis_cap, tis_cap]`` (MIS)."""
+    importance_level: Literal["token", "sequence"] = "token"
+    """Cap or mask each token's ratio, or each sequence's (the geometric mean of its token
+    ratios) as a whole."""
 
     # -- Optimiser.
     lr: float = Field(1e-6, gt=0)
@@ -412,6 +430,10 @@ class Recipe(BaseModel):
         sft = self.loss_type == "sft_loss"
         if sft and self.dynamic_sampling:
             raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
+        if sft and self.off_policy_correction != "none":
+            raise ValueError(
+                "off_policy_correction needs sampled log-probs; loss_type='sft_loss' has none"
+            )
         batch = self.rollout_batch_size * (1 if sft else self.n_samples_per_prompt)
         if self.num_steps_per_rollout > batch:
             raise ValueError(

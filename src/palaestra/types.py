@@ -144,3 +144,8 @@ class Rollout:
     """Position in the dataset's endless shuffled order after this step's prompts."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the samples looked like (rewards, lengths) and how long they took."""
+    prompt_states: list[str] = field(default_factory=list)
+    """What became of each prompt the step took from the dataset order, in order (empty: each
+    was trained): ``"trained"``,
+    ``"dropped_dynamic"`` (its rewards all agreed), ``"dropped_surplus"`` (informative, but
+    the step already had its groups) or ``"dropped_stale"`` (drawn by weights too old)."""

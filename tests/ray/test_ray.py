@@ -326,3 +326,31 @@ def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_
     log = (run_dir(home, result.training_run_id) / "train.log").read_text()
     assert "2 rollout worker(s) on 2 node(s)" in log
     assert [m["step"] for m in result.metrics()] == [1, 2, 3]
+
+
+def test_sampling_ahead_on_ray_settles_every_prompt_once(home, tiny_model_dir, data, ray_head):
+    """max_staleness=1 on two workers: each step drawn by the learner's last weights or the
+    ones before, none dropped, every prompt position of the data order trained once."""
+    from palaestra.train.ledger import ledger_problems
+
+    config = on_ray(
+        ray_head,
+        tiny_model_dir,
+        data,
+        num_rollout_workers=2,
+        num_rollout=4,
+        max_staleness=1,
+        off_policy_correction="tis",
+    )
+    remote = config.train()
+    metrics = remote.metrics()
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["stale_dropped_groups"] for m in metrics] == [0] * 4
+    assert all(0 < m["importance_ratio_mean"] < 2 for m in metrics)
+    for sample in samples_of(home, remote.training_run_id):
+        assert max(sample["step"] - 2, 0) <= sample["weight_version"] <= sample["step"] - 1
+    folder = sorted((run_dir(home, remote.training_run_id) / "checkpoints").glob("step_*"))[-1]
+    state = json.loads((folder / "trainer_state.json").read_text())
+    assert state["cursor"] == 4 * 2
+    assert ledger_problems(state["ledger"], state["cursor"]) == []
+    assert {entry[2] for entry in state["ledger"]} == {"trained"}

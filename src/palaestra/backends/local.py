@@ -2,7 +2,8 @@
 
 The engine samples from the learner's very module, or from a bfloat16 copy of it where the
 hardware multiplies bfloat16 natively; a weight update then copies the learner's parameters
-into that copy (or, for the module itself, copies nothing). With a sharded learner
+into that copy (or, for the module itself, copies nothing). Sampling ahead
+(``Recipe.max_staleness``) always samples from a copy. With a sharded learner
 (``Recipe.learner_ranks`` above 1) the learner's ranks are processes of their own and the
 engine samples from a copy of the policy in this process (``backends.sharded``).
 """
@@ -20,6 +21,7 @@ from palaestra.backends.building import (
     tokenizer_of,
 )
 from palaestra.backends.sharded import CheckedSampler, make_sharded_learner
+from palaestra.engine.torch_engine import sampling_copy
 from palaestra.rollout.demonstrations import DemonstrationSampler
 from palaestra.rollout.sampler import GroupSampler
 from palaestra.train.learner import Learner
@@ -33,7 +35,11 @@ def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampl
     if config.recipe.learner_ranks > 1:
         return build_sharded(config, start, tokenizer, data)
     learner = make_learner(config, start, tokenizer, device_of(config))
-    engine = make_engine(config, learner.model, tokenizer, starting_weights(config, start))
+    policy = learner.model
+    if config.recipe.max_staleness:
+        # The learner updates while the engine samples ahead: they cannot share one module.
+        policy = sampling_copy(policy, next(policy.parameters()).dtype)
+    engine = make_engine(config, policy, tokenizer, starting_weights(config, start))
     return make_sampler(config, engine, data), learner
 
 

@@ -76,7 +76,8 @@ class GroupSampler:
             metrics["dropped_groups"] = (len(samples_B) - len(kept_B)) // G
             metrics["sampling_rounds"] = rounds_run
         metrics |= {"rollout_s": rollout_s, "reward_s": reward_s}
-        return Rollout(samples_B, kept_B[: P * G], cursor, metrics)
+        states = prompt_states(samples_B, kept_B[: P * G], G)
+        return Rollout(samples_B, kept_B[: P * G], cursor, metrics, states)
 
     def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
         self.engine.update_weights(weights, version)
@@ -139,6 +140,20 @@ def keep_informative(samples_B: list[Sample], G: int) -> list[Sample]:
     rewards_P_G = torch.tensor([s.reward for s in samples_B]).view(-1, G)
     keep_P = informative_groups(rewards_P_G).tolist()
     return [s for b, s in enumerate(samples_B) if keep_P[b // G]]
+
+
+def prompt_states(samples_B: list[Sample], trained_B: list[Sample], G: int) -> list[str]:
+    """What became of each group of ``samples_B`` (one per prompt, in the data order): trained,
+    dropped by dynamic sampling, or informative but beyond the step's groups."""
+    trained = {id(s) for s in trained_B}
+    states = []
+    for start in range(0, len(samples_B), G):
+        group = samples_B[start : start + G]
+        if id(group[0]) in trained:
+            states.append("trained")
+        else:
+            states.append("dropped_surplus" if keep_informative(group, G) else "dropped_dynamic")
+    return states
 
 
 def rollout_metrics(samples_B: list[Sample], G: int) -> dict[str, float]:

@@ -34,6 +34,8 @@ class TrainBatch:
     aligned like ``mask_B_T``; None: the policy being updated is that policy."""
     ref_logprobs_B_T: torch.Tensor | None = None
     """Log-probs under the KL reference, aligned like ``mask_B_T``, when a KL term is on."""
+    importance_B_T: torch.Tensor | None = None
+    """Off-policy correction's weight of each token's loss (``algo.importance``), when on."""
 
     def to(self, device: torch.device | str) -> TrainBatch:
         """The same batch with every tensor on ``device``."""
@@ -108,6 +110,7 @@ def take_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
         per_token(batch.sampler_logprobs_B_T),
         per_token(batch.old_logprobs_B_T),
         per_token(batch.ref_logprobs_B_T),
+        per_token(batch.importance_B_T),
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from palaestra.algo.importance import importance_weights, ratio_metrics
 from palaestra.algo.losses import (
     LossScale,
     aggregate,
@@ -145,18 +146,29 @@ class Learner:
         # The importance ratio's denominator is the sampling policy: the sampler's own
         # log-probs when it kept them; else, with several updates, this policy scored once
         # before the first one; else (one update) the ratio is 1 and nothing is needed.
+        # With an off-policy correction, the denominator is this policy before the update and
+        # the sampler's log-probs only weight each token (algo.importance).
         old_B_T = batch.sampler_logprobs_B_T
-        if old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss":
+        correction, weights_metrics = None, {}
+        if recipe.off_policy_correction != "none":
+            old_B_T = self._policy_logprobs(batch)
+            correction, weights_metrics = off_policy_weights(batch, old_B_T, recipe)
+        elif (
+            old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss"
+        ):
             old_B_T = self._policy_logprobs(batch)
         ref_B_T = None
         if self.reference is not None and recipe.kl_loss_coef > 0:
             ref_B_T = self.reference(batch)
-        batch = dataclasses.replace(batch, old_logprobs_B_T=old_B_T, ref_logprobs_B_T=ref_B_T)
+        batch = dataclasses.replace(
+            batch, old_logprobs_B_T=old_B_T, ref_logprobs_B_T=ref_B_T, importance_B_T=correction
+        )
 
         updates = [self._update(mini) for mini in mini_batches(batch, recipe.num_steps_per_rollout)]
         metrics = {key: sum(u[key] for u in updates) / len(updates) for key in updates[0]}
         metrics["response_tokens"] = sum(u["response_tokens"] for u in updates)
         metrics["updates"] = len(updates)
+        metrics |= weights_metrics
         if "sampler_logprob_abs_diff" in metrics:
             # Only the first update sees the policy the sampler had; later ones differ by design.
             metrics["sampler_logprob_abs_diff"] = updates[0]["sampler_logprob_abs_diff"]
@@ -249,6 +261,8 @@ class Learner:
             )
         if recipe.loss_type != "sft_loss":
             sums["clipped"] += token_sum(clipped_B_T)
+        if micro.importance_B_T is not None:
+            per_token_B_T = per_token_B_T * micro.importance_B_T
         loss = aggregate(per_token_B_T, mask_B_T, recipe.loss_type, scale)
 
         if recipe.entropy_coef > 0:
@@ -265,6 +279,28 @@ class Learner:
             sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
+
+
+def off_policy_weights(
+    batch: TrainBatch, old_B_T: torch.Tensor, recipe: Recipe
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The batch's importance weights of ``recipe.off_policy_correction`` against the
+    sampler's log-probs, and the ratio's metrics."""
+    if batch.sampler_logprobs_B_T is None:
+        raise ValueError(
+            f"off_policy_correction={recipe.off_policy_correction!r} needs the sampler's "
+            "log-probs, and this step's samples came without them (the engine did not keep "
+            "them); set off_policy_correction='none'"
+        )
+    weights = importance_weights(
+        old_B_T,
+        batch.sampler_logprobs_B_T,
+        batch.mask_B_T,
+        recipe.off_policy_correction,
+        recipe.tis_cap,
+        recipe.importance_level,
+    )
+    return weights.weight_B_T, ratio_metrics(weights, batch.mask_B_T, recipe.off_policy_correction)
 
 
 def check_moment_shapes(moments: dict, params: list[torch.Tensor]) -> None:

@@ -24,6 +24,8 @@ from palaestra.runs.directory import RunDirectory
 from palaestra.runs.progress import step_line
 from palaestra.trackers.mirror import Trackers, open_trackers
 from palaestra.train import records
+from palaestra.train.ahead import AheadSampler
+from palaestra.train.ledger import RolloutLedger
 from palaestra.train.retention import apply_retention, bytes_needed
 from palaestra.train.seam import Backend
 from palaestra.train.state import Start, TrainerState, resolve_start
@@ -47,6 +49,12 @@ def run_training(
     if resume:
         records.restore_log(run, state)
     sampler, learner = backend(config, start)
+    ledger = RolloutLedger.resumed(state.ledger, state.cursor)  # in-flight prompts: drawn again
+    if recipe.max_staleness:  # a thread draws up to k steps ahead while the learner trains
+        G = 1 if recipe.loss_type == "sft_loss" else recipe.n_samples_per_prompt
+        sampler = AheadSampler(
+            sampler, recipe.max_staleness, ledger, state.step, state.last_step, G
+        )
     trackers = open_trackers(config, run, resume)  # mirrors of metrics.jsonl, never blocking
     info = checkpoint_info(config, run, start)
     run.update_status(
@@ -55,7 +63,7 @@ def run_training(
     say(describe(config, state))
     try:
         while state.step < state.last_step:
-            state = train_one_step(config, run, sampler, learner, state, info, trackers)
+            state = train_one_step(config, run, sampler, learner, state, info, trackers, ledger)
     finally:
         trackers.close()  # never raises; waits at most a few seconds
         sampler.close()
@@ -69,17 +77,21 @@ def train_one_step(
     state: TrainerState,
     info: dict,
     trackers: Trackers,
+    ledger: RolloutLedger,
 ):
     """One step of the algorithm; returns the loop's state after it. ``info`` goes into each
-    checkpoint's palaestra.json; ``trackers`` get the step's metrics row."""
+    checkpoint's palaestra.json; ``trackers`` get the step's metrics row; ``ledger`` records
+    what became of the step's prompts and is saved with each checkpoint."""
     recipe = config.recipe
     step = state.step + 1
     started = time.monotonic()
 
     # 1. Sample: P groups of G scored samples (with dynamic sampling, groups whose rewards all
     #    agree are dropped and further rounds of prompts refill the step).
+    #    With max_staleness k, this step was drawn up to k weight versions ago.
     rollout = sampler.sample(step, state.cursor)
     sampled = time.monotonic()
+    ledger.settle(step, state.cursor, rollout)
 
     # 2. Advantages: each reward against its group (or the step's, by estimator).
     advantages_B = step_advantages(rollout.trained_B, recipe)
@@ -89,7 +101,11 @@ def train_one_step(
     trained = time.monotonic()
     sampler.update_weights(learner.weights(), version=step)
     synced = time.monotonic()
-    timings = {"train_s": trained - sampled, "weight_sync_s": synced - trained}
+    timings = {
+        "sample_wait_s": sampled - started,
+        "train_s": trained - sampled,
+        "weight_sync_s": synced - trained,
+    }
     if getattr(learner, "last_sync_bytes", None) is not None:  # bytes sent to the engine
         timings["weight_sync_bytes"] = learner.last_sync_bytes
 
@@ -108,7 +124,9 @@ def train_one_step(
         eval_metrics,
         timings=timings,
     )
-    state = TrainerState(step, state.last_step, rollout.cursor, run.run_id, rows, metrics)
+    state = TrainerState(
+        step, state.last_step, rollout.cursor, run.run_id, rows, metrics, ledger.to_json()
+    )
     saved = None
     save_started = time.monotonic()
     if step == state.last_step or (recipe.save_interval and step % recipe.save_interval == 0):

@@ -31,6 +31,8 @@ class TrainerState:
     """samples.jsonl rows of ``step``."""
     log_metrics: dict[str, Any] | None = None
     """The metrics.jsonl row of ``step``."""
+    ledger: list[list[Any]] = field(default_factory=list)
+    """What became of each prompt position of the data order (``train.ledger``)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
