@@ -147,7 +147,7 @@ def test_a_server_s_short_request_does_not_wait_for_long_ones(engine, tokenizer)
 
 
 def test_the_plan_pads_to_min_rows_in_a_scratch_slot_and_groups_decode_rows(engine, monkeypatch):
-    from palaestra.models import slot_attention
+    from palaestra.engine import slot_attention
 
     # Merging on, as where padding is exact (the plan's shape only; no arithmetic here).
     monkeypatch.setattr(slot_attention, "pads_exactly", lambda dtype, device: True)
