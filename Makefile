@@ -35,8 +35,11 @@ number-guess: setup
 # Every tier in order, fastest first: unit, then integration (Ray and GPU included; GPU tests skip
 # without CUDA), then the vLLM tier (tests/vllm) in the vLLM venv.
 test: setup setup-vllm
+	@echo "==> tier unit (tests/unit)"
 	$(PY) -m pytest -q tests/unit
+	@echo "==> tier integration (tests/integration tests/ray tests/gpu)"
 	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
+	@echo "==> tier vllm (tests/vllm, in $(VLLM_VENV))"
 	$(VLLM_PY) -m pytest -q tests/vllm
 
 # In process, tiny models built in code: the tier to run while working (under 2 minutes).
