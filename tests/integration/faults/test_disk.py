@@ -87,7 +87,8 @@ def test_disk_full_while_writing_a_checkpoint(home, tiny_model_dir, tmp_path, mo
     monkeypatch.setattr(Learner, "save", save_then_run_out_of_space)
     run = train_until_the_save_fails(tiny_model_dir, tmp_path, "No space left on device")
     assert_earlier_checkpoints_intact(run)
-    monkeypatch.undo()
+    monkeypatch.undo()  # undoes the home fixture's PALAESTRA_HOME too: the run resumes in its home
+    monkeypatch.setenv("PALAESTRA_HOME", str(home))
     resume_here_and_finish(run)
 
 
@@ -103,7 +104,8 @@ def test_no_permission_to_rename_the_checkpoint(home, tiny_model_dir, tmp_path, 
     monkeypatch.setattr(os, "replace", replace)
     run = train_until_the_save_fails(tiny_model_dir, tmp_path, "Permission denied")
     assert_earlier_checkpoints_intact(run)
-    monkeypatch.undo()
+    monkeypatch.undo()  # undoes the home fixture's PALAESTRA_HOME too: the run resumes in its home
+    monkeypatch.setenv("PALAESTRA_HOME", str(home))
     resume_here_and_finish(run)
 
 
@@ -136,5 +138,6 @@ def test_unwritable_checkpoints_folder(home, tiny_model_dir, tmp_path, monkeypat
     run = train_until_the_save_fails(tiny_model_dir, tmp_path, "Permission denied")
     (run.path / "checkpoints").chmod(0o755)
     assert_earlier_checkpoints_intact(run)
-    monkeypatch.undo()
+    monkeypatch.undo()  # undoes the home fixture's PALAESTRA_HOME too: the run resumes in its home
+    monkeypatch.setenv("PALAESTRA_HOME", str(home))
     resume_here_and_finish(run)
