@@ -2,6 +2,7 @@
 built-in haiku dataset, its peak resident memory (VmHWM) beside ``TrainConfig.plan()``'s peak.
 
     python bench/plan_check.py [--steps 3] [--precision auto|float32|bfloat16] [--json PATH]
+    python bench/plan_check.py --smoke     # one step: the same comparison, printed, not recorded
     python bench/plan_check.py --activations [--precision ...]
     python bench/plan_check.py --runtime
 
@@ -153,7 +154,11 @@ def main() -> None:
     parser.add_argument("--activations", action="store_true")
     parser.add_argument("--runtime", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    from results import add_arguments, record, smoke_defaults
+
+    add_arguments(parser)
     args = parser.parse_args()
+    smoke_defaults(args, parser, steps=1)
     if args.activations:
         return activations(args.precision)
     if args.runtime:
@@ -179,6 +184,12 @@ def main() -> None:
         "planned_over_measured": round(planned / measured, 3),
     }
     print(json.dumps(result, indent=2))
+    headline = {
+        "planned peak (GiB)": round(planned / 2**30, 2),
+        "measured peak RSS (GiB)": round(measured / 2**30, 2),
+        "planned / measured": result["planned_over_measured"],
+    }
+    record("plan_check", args, result, headline)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(result, file, indent=2)

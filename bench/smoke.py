@@ -44,6 +44,8 @@ BENCHES = (
     "haiku_sweep",
     "sweep_parallel",
     "ray_overhead",
+    "offpolicy",
+    "plan_check",
 )
 """Cheapest first, so a broken import shows in seconds."""
 

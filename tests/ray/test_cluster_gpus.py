@@ -22,7 +22,7 @@ pytestmark = pytest.mark.ray
 HOLD = textwrap.dedent(
     """
     import sys, ray
-    context = ray.init(num_cpus=1, num_gpus=2, include_dashboard=False)
+    context = ray.init(address="local", num_cpus=1, num_gpus=2, include_dashboard=False)
     print(context.address_info["gcs_address"], flush=True)
     sys.stdin.read()  # held until the test closes stdin
     ray.shutdown()

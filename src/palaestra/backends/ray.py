@@ -126,6 +126,7 @@ class RayCluster:
         if recipe.ray_address is None:
             need = gpu_layout(recipe).workers * recipe.ray_cpus_per_worker
             ray.init(
+                address="local",  # its own instance, even beside another on this machine
                 num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
                 include_dashboard=False,
                 runtime_env=runtime_env or None,
