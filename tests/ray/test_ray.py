@@ -310,11 +310,12 @@ def test_runtime_env_variables_reach_the_workers(home, tiny_model_dir, data, ray
 
 def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_head):
     """Last in the module: the joined node stays until the head's fixture stops them both."""
-    subprocess.run(
+    joined = subprocess.run(
         [RAY, "start", f"--address={ray_head}", f"--node-ip-address={NODE_IP}", "--num-cpus=1",
          "--num-gpus=0", "--disable-usage-stats"],
-        check=True, capture_output=True, timeout=120,
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+    assert joined.returncode == 0, f"ray start failed:\n{joined.stdout}\n{joined.stderr}"
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address=ray_head)
