@@ -208,19 +208,7 @@ class Learner:
         # engine (a float32 copy of every weight) until the next update.
         self.optimizer.zero_grad(set_to_none=True)
         release_free_memory()
-        metrics = {
-            "loss": sums["loss"],
-            "grad_norm": float(grad_norm),
-            "entropy": sums["entropy"] / num_tokens,
-            "response_tokens": num_tokens,
-        }
-        if recipe.loss_type != "sft_loss":
-            metrics["clip_fraction"] = sums["clipped"] / num_tokens
-        if batch.ref_logprobs_B_T is not None:
-            metrics["kl"] = sums["kl"] / num_tokens
-        if batch.sampler_logprobs_B_T is not None:
-            metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
-        return metrics
+        return step_metrics(sums, float(grad_norm), num_tokens, batch, recipe)
 
     def _loss(
         self,
@@ -279,6 +267,26 @@ class Learner:
             sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
+
+
+def step_metrics(
+    sums: dict[str, float], grad_norm: float, num_tokens: int, batch: TrainBatch, recipe: Recipe
+) -> dict[str, float]:
+    """An update's metrics from its token sums (``sums``: loss, entropy, clipped, kl,
+    sampler_abs_diff over the step's ``num_tokens`` trained tokens); the terms a batch has."""
+    metrics = {
+        "loss": sums["loss"],
+        "grad_norm": grad_norm,
+        "entropy": sums["entropy"] / num_tokens,
+        "response_tokens": num_tokens,
+    }
+    if recipe.loss_type != "sft_loss":
+        metrics["clip_fraction"] = sums["clipped"] / num_tokens
+    if batch.ref_logprobs_B_T is not None:
+        metrics["kl"] = sums["kl"] / num_tokens
+    if batch.sampler_logprobs_B_T is not None:
+        metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
+    return metrics
 
 
 def off_policy_weights(

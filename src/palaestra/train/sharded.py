@@ -36,7 +36,7 @@ from palaestra.checkpoints import OPTIMIZER_FILE, OPTIMIZER_SHARDS
 from palaestra.recipes import Recipe
 from palaestra.train.batch import TrainBatch, micro_batch_rows, take_rows
 from palaestra.train.heap import release_free_memory
-from palaestra.train.learner import Learner
+from palaestra.train.learner import Learner, step_metrics
 from palaestra.train.optimizer_shards import load_sharded_optimizer, load_whole_optimizer
 from palaestra.train.scoring import score_tokens
 
@@ -223,19 +223,7 @@ class RankLearner(Learner):
         totals = torch.tensor([sums[key] for key in SUM_KEYS], dtype=torch.float64)
         dist.all_reduce(totals)
         sums = dict(zip(SUM_KEYS, totals.tolist(), strict=True))
-        metrics = {
-            "loss": sums["loss"],
-            "grad_norm": float(grad_norm),
-            "entropy": sums["entropy"] / num_tokens,
-            "response_tokens": num_tokens,
-        }
-        if recipe.loss_type != "sft_loss":
-            metrics["clip_fraction"] = sums["clipped"] / num_tokens
-        if batch.ref_logprobs_B_T is not None:
-            metrics["kl"] = sums["kl"] / num_tokens
-        if batch.sampler_logprobs_B_T is not None:
-            metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
-        return metrics
+        return step_metrics(sums, float(grad_norm), num_tokens, batch, recipe)
 
     # -- Weights, checkpoints.
     def gather_weights(
