@@ -310,10 +310,14 @@ def test_runtime_env_variables_reach_the_workers(home, tiny_model_dir, data, ray
 
 def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_head):
     """Last in the module: the joined node stays until the head's fixture stops them both."""
+    # A local Ray instance started in this process (ray.init) sets
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in os.environ, and `ray start` then refuses to join
+    # a second node; a node joining a cluster on purpose says so.
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
     joined = subprocess.run(
         [RAY, "start", f"--address={ray_head}", f"--node-ip-address={NODE_IP}", "--num-cpus=1",
          "--num-gpus=0", "--disable-usage-stats"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert joined.returncode == 0, f"ray start failed:\n{joined.stdout}\n{joined.stderr}"
     if ray.is_initialized():
