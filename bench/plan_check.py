@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 
-def config(steps: int, precision: str):
+def config(steps: int, precision: str, save_optim: bool = True):
     from palaestra import (
         HuggingFaceDataset,
         SmolLM2_135M,
@@ -50,6 +50,7 @@ def config(steps: int, precision: str):
         precision=precision,
         custom_rm_function="palaestra.rewards.haiku:haiku_reward",
         apply_chat_template_kwargs='{"enable_thinking": false}',
+        no_save_optim=not save_optim,
     )
     return TrainConfig(model=SmolLM2_135M(), dataset=dataset, recipe=recipe)
 
@@ -62,8 +63,8 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def child(steps: int, precision: str) -> None:
-    config(steps, precision).train()
+def child(steps: int, precision: str, save_optim: bool) -> None:
+    config(steps, precision, save_optim).train()
     print(json.dumps({"peak_rss": peak_rss()}))
 
 
@@ -164,16 +165,16 @@ def main() -> None:
     if args.runtime:
         return runtime()
     if args.child:
-        return child(args.steps, args.precision)
+        return child(args.steps, args.precision, save_optim=not args.smoke)
     from palaestra import SmolLM2_135M
 
     SmolLM2_135M().weights_path()  # convert the GGUF now, outside the measured process
     plan = config(args.steps, args.precision).plan()
     print(plan.table())
     command = [sys.executable, __file__, "--child", "--steps", str(args.steps)]
-    out = subprocess.run(
-        [*command, "--precision", args.precision], capture_output=True, text=True, check=True
-    )
+    command += ["--precision", args.precision] + (["--smoke"] if args.smoke else [])
+    # The run's own lines and any error go straight to stderr; stdout carries the peak.
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])["peak_rss"]
     planned = plan.rows[0].peak
     result = {

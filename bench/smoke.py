@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,22 @@ def shared_home(folder: Path) -> dict[str, str]:
     home.mkdir()
     (home / "models").symlink_to(models, target_is_directory=True)
     return os.environ | {"PALAESTRA_HOME": str(home), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def clear_runs(home: Path) -> None:
+    """Remove what a bench left in the smoke home (runs, checkpoints, sweeps), keeping the
+    shared model cache: benches run one after another on a disk that may be small."""
+    for entry in home.iterdir():
+        if entry.name == "models":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def disk_free(path: Path) -> str:
+    return f"{shutil.disk_usage(path).free / 2**30:.1f} GiB free"
 
 
 def cpu_seconds() -> float:
@@ -135,6 +152,7 @@ def main() -> int:
         print(f"{'FAILED':12} {name:20} bench/{name}.py is not listed in bench/smoke.py")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="palaestra-smoke-") as folder:
+        print(f"smoke home {folder}: {disk_free(Path(folder))}", flush=True)
         env = shared_home(Path(folder))
         logs = args.logs or Path(folder) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -142,12 +160,14 @@ def main() -> int:
             log = logs / f"{name}.log"
             status, seconds, cpu = run_one(name, argv, env, log, args.timeout)
             report(name, status, seconds, cpu, log)
+            clear_runs(Path(env["PALAESTRA_HOME"]))
             if status != 0:
                 failed.append(name)
+        free = disk_free(Path(folder))
     total = time.monotonic() - started
     passed = [name for name in names if name not in failed]
     print(
-        f"{len(passed)} of {len(names)} smoke runs passed in {total:.0f} s"
+        f"{len(passed)} of {len(names)} smoke runs passed in {total:.0f} s ({free} at the end)"
         + (f"; failed: {', '.join(failed)}" if failed else "")
     )
     return 1 if failed else 0
