@@ -15,7 +15,7 @@ import torch
 
 from palaestra.engine import GenerationRequest, SamplingParams
 from palaestra.engine.fused_pass import fused_pass
-from palaestra.engine.packed_linear import WINDOWS, pack, product, row_window
+from palaestra.engine.packed_linear import WINDOWS, available, pack, product, row_window
 from palaestra.engine.slot_attention import Segment, SlotKV, SlotPlan
 from palaestra.engine.torch_engine import TorchEngine, sampling_copy
 from tests.support.tiny_models import build_tiny_model, build_tokenizer
@@ -27,6 +27,8 @@ PRECISIONS = ["float32", "bfloat16"]
 @pytest.mark.parametrize("shape", [(576, 1536), (3072, 576)], ids=["down", "gate_up"])
 def test_a_packed_product_gives_a_row_the_same_bits_at_any_count_and_place(precision, shape):
     dtype = getattr(torch, precision)
+    if not available(torch.zeros(1, dtype=dtype)):  # e.g. bfloat16 on an AVX2-only CPU
+        pytest.skip(f"oneDNN packs no {precision} weights on this CPU; the engine pads instead")
     generator = torch.Generator().manual_seed(1)
     packed = pack(torch.randn(shape, generator=generator).to(dtype))
     window = row_window(packed)
@@ -57,7 +59,9 @@ def test_a_prompt_prefilled_beside_others_gets_the_bits_it_gets_alone(precision)
         precision, hidden_size=256, intermediate_size=1536, num_attention_heads=4
     )
     fused = fused_pass(model)
-    assert fused is not None
+    if fused is None:  # bfloat16 on a CPU where oneDNN packs none: the engine pads instead
+        assert not available(next(model.parameters()))
+        pytest.skip(f"no fused pass in {precision} on this CPU (oneDNN packs no such weights)")
     dtype = getattr(torch, precision)
     generator = torch.Generator().manual_seed(0)
 
