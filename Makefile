@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test test-fast test-integration lint docs setup-vllm test-vllm bench-smoke
+.PHONY: setup haiku number-guess test test-fast test-avx2 test-integration lint docs setup-vllm test-vllm bench-smoke
 
 setup: $(VENV)/.installed
 
@@ -32,11 +32,18 @@ haiku: setup
 number-guess: setup
 	$(PY) examples/number_guess.py
 
-# Every tier in order, fastest first: unit, then integration (Ray and GPU included; GPU tests skip
-# without CUDA), then the vLLM tier (tests/vllm) in the vLLM venv.
+# The CPU capped at AVX2 for torch's kernels and oneDNN: on a CPU with AVX-512 BF16 or AMX, the
+# code paths of an AVX2-only one (precision="auto" picks float32, bfloat16 is emulated, oneDNN
+# packs no bfloat16 weights). On an AVX2-only CPU it changes nothing.
+AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+
+# Every tier in order, fastest first: unit, unit again on AVX2's code paths, then integration (Ray
+# and GPU included; GPU tests skip without CUDA), then the vLLM tier in the vLLM venv.
 test: setup setup-vllm
 	@echo "==> tier unit (tests/unit)"
 	$(PY) -m pytest -q tests/unit
+	@echo "==> tier unit-avx2 (tests/unit with the CPU capped at AVX2: $(AVX2_ONLY))"
+	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 	@echo "==> tier integration (tests/integration tests/ray tests/gpu)"
 	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
 	@echo "==> tier vllm (tests/vllm, in $(VLLM_VENV))"
@@ -45,6 +52,10 @@ test: setup setup-vllm
 # In process, tiny models built in code: the tier to run while working (under 2 minutes).
 test-fast: setup
 	$(PY) -m pytest -q tests/unit
+
+# The unit tier on an AVX2-only CPU's code paths, wherever this runs.
+test-avx2: setup
+	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
