@@ -39,6 +39,7 @@ BENCHES = (
     "gpu_check",
     "multiturn",
     "grpo_step",
+    "update_profile",
     "endpoint_throughput",
     "flood",
     "faults",
