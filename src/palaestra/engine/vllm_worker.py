@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from palaestra.engine.attest import held_digests
+
 
 class WeightLoader:
     def palaestra_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -14,6 +16,11 @@ class WeightLoader:
         after loading it), then refresh an output head tied to the embeddings."""
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
         refresh_tied_heads(self.model_runner.get_model())
+
+    def palaestra_digests(self, sent: dict[str, tuple]) -> dict[str, tuple[str, str]]:
+        """Digests of the parameters named in ``sent`` (name -> shape) that the model holds
+        under that name and shape, for attesting a weight sync (``engine.attest``)."""
+        return held_digests(dict(self.model_runner.get_model().named_parameters()), sent)
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
