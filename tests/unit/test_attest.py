@@ -42,6 +42,14 @@ def test_the_digest_is_blake2b_of_the_values_in_the_dtype_asked():
     assert tensor_digest(nudged, torch.float32) != tensor_digest(values, torch.float32)
 
 
+def test_a_large_tensor_is_hashed_on_every_kth_row():
+    values = torch.arange(8.0).view(4, 2)
+    # 8 values over a limit of 4: k = ceil(8 / 4) = 2, rows 0 and 2 = [0, 1] and [4, 5].
+    rows = torch.tensor([0.0, 1.0, 4.0, 5.0])
+    assert tensor_digest(values, torch.float32, limit=4) == tensor_digest(rows, torch.float32)
+    assert tensor_digest(values, torch.float32, limit=8) != tensor_digest(rows, torch.float32)
+
+
 def test_picks_are_first_last_and_one_moving_with_the_version():
     names = ["c", "a", "b", "d"]
     # Sorted a, b, c, d: indices 0 and 3, and version 5 % 4 = 1.
