@@ -99,8 +99,11 @@ def metrics_of(result) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def test_a_local_run_attests_its_bfloat16_copy_every_step(home, tiny_model_dir, prompts_file):
-    result = tiny_config(tiny_model_dir, prompts_file, precision="bfloat16").train()
+@pytest.mark.parametrize(
+    "copy", [{"precision": "bfloat16"}, {"precision": "float32", "max_staleness": 1}]
+)
+def test_a_local_run_attests_the_engines_copy_every_step(home, tiny_model_dir, prompts_file, copy):
+    result = tiny_config(tiny_model_dir, prompts_file, **copy).train()
     metrics = metrics_of(result)
     assert [m["attested_engines"] for m in metrics] == [1, 1, 1]
     assert all(0 < m["attest_s"] <= m["weight_sync_s"] for m in metrics)

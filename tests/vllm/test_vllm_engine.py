@@ -149,6 +149,29 @@ def test_weight_sync_changes_what_vllm_samples(engine, prompt, embedded, checkpo
     assert engine.generate([prompt], 1, greedy)[0][0].token_ids == before
 
 
+def test_a_sync_is_attested_and_a_tensor_not_loaded_is_named(engine, checkpoint):
+    """vLLM's digests of what it holds after a sync equal the learner's; a tensor that did not
+    reach it fails the attestation, naming the tensor and the version."""
+    from palaestra.engine.attest import WeightSyncError, attest_engine
+    from palaestra.models.loading import load_causal_lm
+
+    learner = load_causal_lm(str(checkpoint[0]), torch.float32)
+    with torch.no_grad():
+        learner.model.norm.weight.mul_(0.5)
+        learner.model.embed_tokens.weight.add_(1e-3)
+    weights = dict(learner.named_parameters())
+    engine.update_weights(weights, version=3)
+    # The CPU build holds q/k/v and gate/up fused and its other linear weights repacked, under
+    # other shapes: the embeddings, first in sorted order, and the final norm, last, always
+    # count; version 3's third pick, a layer-0 linear weight, here does not.
+    assert attest_engine(engine, weights, 3, "the vLLM engine") >= 2
+    unsent = weights | {"model.norm.weight": weights["model.norm.weight"] * 2}
+    with pytest.raises(WeightSyncError, match=r"version 3: the vLLM engine .*model\.norm\.weight"):
+        attest_engine(engine, unsent, 3, "the vLLM engine")
+    original = load_causal_lm(str(checkpoint[0]), torch.float32)
+    engine.update_weights(dict(original.named_parameters()), version=4)  # as later tests expect
+
+
 def test_lora_weights_are_refused_with_the_way_out(engine):
     version = engine.weight_version
     with pytest.raises(ValueError, match="rollout_engine='torch'"):
