@@ -377,7 +377,7 @@ class WorkerPool:
             handle = self.ray.put({k: v.detach().cpu().numpy() for k, v in weights.items()})
         self.weight_version = version
         loads = self.learner.sync.deliver(handle, self.workers, version)
-        # A worker that died gets the weights as it restarts (unattested: no answer).
+        # A worker that died gets the weights as it restarts, attested there.
         reports = [self._await(index, ref) for index, ref in enumerate(loads)]
         return self._attest(handle, [r for r in reports if r], version)
 
@@ -458,7 +458,8 @@ class WorkerPool:
                     raise
                 time.sleep(0.5)
         handle = self.learner.weights(everything=True).handle
-        ray.get(self.learner.sync.deliver(handle, [worker], self.weight_version))
+        reports = ray.get(self.learner.sync.deliver(handle, [worker], self.weight_version))
+        self._attest(handle, reports, self.weight_version)  # a restart is attested too
 
     def close(self) -> None:
         self.cluster.shutdown()
