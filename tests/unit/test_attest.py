@@ -22,6 +22,7 @@ from palaestra.engine.attest import (
     tensor_digest,
 )
 from palaestra.engine.torch_engine import TorchEngine
+from palaestra.runs.handles import RunFailedError
 from tests.support.tiny_runs import tiny_config
 
 
@@ -127,8 +128,8 @@ def test_a_run_whose_engine_keeps_its_old_weights_fails_naming_it(
         self.weight_version = version  # says it loaded, holds the old weights
 
     monkeypatch.setattr(TorchEngine, "update_weights", stale_after_the_first)
-    with pytest.raises(Exception) as error:
+    with pytest.raises(RunFailedError) as error:  # the run's status.json error, raised
         tiny_config(tiny_model_dir, prompts_file, precision="bfloat16").train()
     message = str(error.value)
-    assert "weight sync to version 1" in message
+    assert "WeightSyncError: weight sync to version 1" in message
     assert f"the engine (pid {os.getpid()})" in message
