@@ -213,6 +213,8 @@ def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedde
         assert row["sampler_logprob_abs_diff"] < LOGPROB_MEAN_TOL, row
     versions = {(s["step"], s["weight_version"]) for s in result.samples()}
     assert versions == {(1, 0), (2, 1)}
+    # vLLM holds a copy: each sync is attested (the embeddings and the norm at least).
+    assert [m["attested_engines"] for m in metrics] == [1, 1]
 
 
 def test_a_lora_policy_samples_as_a_lora_request(embedded, prompt):
