@@ -65,7 +65,8 @@ def test_picks_are_first_last_and_one_moving_with_the_version():
 def test_held_digests_skip_tensors_held_under_another_shape_and_compare_in_the_held_dtype():
     held_tensors = {"w": torch.tensor([1.0, -2.0], dtype=torch.bfloat16), "fused": torch.zeros(4)}
     sent = {"w": torch.tensor([1.0 + 2**-8, -2.0]), "fused": torch.zeros(2)}
-    held = held_digests(held_tensors, {name: tuple(t.shape) for name, t in sent.items()})
+    # "fused" is held under another shape: the picks are among the rest, "w" alone.
+    held = held_digests(held_tensors, {name: tuple(t.shape) for name, t in sent.items()}, 5)
     assert held == {"w": ("bfloat16", blake(bytes([0x80, 0x3F, 0x00, 0xC0])))}
     assert compare(sent_digests(sent, held), held, "engine 0", 7) == 1
 

@@ -48,7 +48,6 @@ from palaestra.engine.attest import (
     Attestation,
     Held,
     compare,
-    pick_names,
     sent_digests,
     shapes_of,
 )
@@ -596,7 +595,7 @@ class RolloutWorker(ActorBase):
             tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         self.engine.update_weights(tensors, version)
         started = time.monotonic()
-        held = self.engine.weight_digests(shapes_of(tensors, pick_names(tensors, version)))
+        held = self.engine.weight_digests(shapes_of(tensors), version)
         return {
             "index": self.index,
             "pid": os.getpid(),

@@ -7,11 +7,12 @@ engine hashes a few of the tensors it was sent, as it holds them (in its own dty
 cast), and the sender hashes the same tensors cast to that dtype; a mismatch is a
 ``WeightSyncError`` naming the engine, the weight version and the tensors.
 
-Which tensors: the first and the last of the sent names in sorted order, and one that moves with
-the version (``version % len``), so that over as many steps as tensors every one is checked. A
-LoRA policy sends its adapters only, so the picks are adapters: what LoRA changes. An engine
-that stores some tensors under other names or shapes (vLLM fuses q/k/v and gate/up) reports
-digests for those it holds as sent, and only those are compared.
+Which tensors: among those sent that the engine holds under the name and shape sent, the first
+and the last in sorted order, and one that moves with the version (``version % len``), so that
+over as many steps as tensors every one is checked. A LoRA policy sends its adapters only, so
+the picks are adapters: what LoRA changes. An engine that stores some tensors under other names
+or shapes (vLLM fuses q/k/v and gate/up, and its CPU build repacks linear weights) picks among
+the rest; the sender hashes whichever tensors the engine reports.
 """
 
 from __future__ import annotations
@@ -70,14 +71,24 @@ Held = dict[str, tuple[str, str]]
 """Digests an engine reports: tensor name -> (its dtype as torch names it, its digest)."""
 
 
-def held_digests(tensors: Mapping[str, torch.Tensor], sent: Mapping[str, tuple]) -> Held:
-    """The digests of the tensors named in ``sent`` (name -> shape as sent) that ``tensors``
-    holds under that name and shape, each in its own dtype."""
-    return {
-        name: (str(tensors[name].dtype).removeprefix("torch."), tensor_digest(t, t.dtype))
+def held_digests(
+    tensors: Mapping[str, torch.Tensor], sent: Mapping[str, tuple], version: int
+) -> Held:
+    """Digests of a few of the tensors sent (``sent``: name -> shape), each in its own dtype:
+    picked by ``version`` among those ``tensors`` holds under the name and shape sent."""
+    held = [
+        name
         for name, shape in sent.items()
-        if name in tensors and tuple((t := tensors[name]).shape) == tuple(shape)
-    }
+        if name in tensors and tuple(tensors[name].shape) == tuple(shape)
+    ]
+    digests = {}
+    for name in pick_names(held, version):
+        tensor = tensors[name]
+        digests[name] = (
+            str(tensor.dtype).removeprefix("torch."),
+            tensor_digest(tensor, tensor.dtype),
+        )
+    return digests
 
 
 def sent_digests(weights: Mapping[str, torch.Tensor], held: Held) -> Held:
@@ -89,8 +100,9 @@ def sent_digests(weights: Mapping[str, torch.Tensor], held: Held) -> Held:
     }
 
 
-def shapes_of(weights: Mapping[str, torch.Tensor], names: Iterable[str]) -> dict[str, tuple]:
-    return {name: tuple(weights[name].shape) for name in names}
+def shapes_of(weights: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
+    """Each tensor's shape by name: what an engine is told of a sync to pick what it attests."""
+    return {name: tuple(tensor.shape) for name, tensor in weights.items()}
 
 
 def compare(expected: Held, held: Held, engine: str, version: int) -> int:
@@ -108,6 +120,5 @@ def compare(expected: Held, held: Held, engine: str, version: int) -> int:
 def attest_engine(engine, weights: Mapping[str, torch.Tensor], version: int, who: str) -> int:
     """Attest ``engine`` (one in this process, with ``weight_digests``) against ``weights``,
     what it was just sent for ``version``. Returns how many tensors were compared."""
-    names = pick_names(weights, version)
-    held = engine.weight_digests(shapes_of(weights, names))
+    held = engine.weight_digests(shapes_of(weights), version)
     return compare(sent_digests(weights, held), held, who, version)

@@ -118,10 +118,11 @@ class TorchEngine:
         self.weight_version = version
         self._packed, self._packed_version = None, None  # packed again at the next pass
 
-    def weight_digests(self, sent: Mapping[str, tuple]) -> Held:
-        """Digests of the sampling module's parameters named in ``sent`` (name -> shape), as
-        it holds them: what a weight sync is attested by (``engine.attest``)."""
-        return held_digests(dict(self.model.named_parameters()), sent)
+    def weight_digests(self, sent: Mapping[str, tuple], version: int) -> Held:
+        """Digests of a few of the sampling module's parameters among those in ``sent`` (name
+        -> shape), picked by ``version``, as it holds them: what a weight sync is attested by
+        (``engine.attest``)."""
+        return held_digests(dict(self.model.named_parameters()), sent, version)
 
     def packed_weights(self) -> FusedPass | PackedLinears | None:
         """The sampling module's weights packed for generation passes: a ``FusedPass`` for

@@ -170,20 +170,21 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         self.weight_version = version
 
-    def weight_digests(self, sent: Mapping[str, tuple]) -> dict[str, tuple[str, str]]:
-        """Digests of the tensors named in ``sent`` (the learner's name -> shape) that vLLM's
-        model holds under the same name and shape (``engine.attest``): not the fused q/k/v and
-        gate/up projections, and nothing of a LoRA policy (its adapters live in vLLM's LoRA
-        manager, loaded from the folder written for them). With tensor parallelism, a tensor
-        counts where every worker holds it whole and alike."""
+    def weight_digests(self, sent: Mapping[str, tuple], version: int) -> dict[str, tuple[str, str]]:
+        """Digests of a few of the tensors in ``sent`` (the learner's name -> shape), picked by
+        ``version`` among those vLLM's model holds under the same name and shape
+        (``engine.attest``): not the fused q/k/v and gate/up projections, nor (on the CPU
+        build) the repacked linear weights, and nothing of a LoRA policy (its adapters live in
+        vLLM's LoRA manager, loaded from the folder written for them). With tensor
+        parallelism, a tensor counts where every worker holds it whole and alike."""
         if self.lora_rank:
             return {}
         ours = {name.removeprefix("_orig_mod."): name for name in sent}
         shapes = {name: tuple(sent[original]) for name, original in ours.items()}
-        answers = self.llm.collective_rpc("palaestra_digests", args=(shapes,))
+        answers = self.llm.collective_rpc("palaestra_digests", args=(shapes, version))
         held = {}
         for name in answers[0]:
-            values = {answer.get(name) for answer in answers}
+            values = {tuple(answer[name]) if name in answer else None for answer in answers}
             agreed = values.pop() if len(values) == 1 else ("?", "differs between workers")
             held[ours[name]] = tuple(agreed)
         return held

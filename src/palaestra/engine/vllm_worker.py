@@ -17,10 +17,11 @@ class WeightLoader:
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
         refresh_tied_heads(self.model_runner.get_model())
 
-    def palaestra_digests(self, sent: dict[str, tuple]) -> dict[str, tuple[str, str]]:
-        """Digests of the parameters named in ``sent`` (name -> shape) that the model holds
-        under that name and shape, for attesting a weight sync (``engine.attest``)."""
-        return held_digests(dict(self.model_runner.get_model().named_parameters()), sent)
+    def palaestra_digests(self, sent: dict[str, tuple], version: int) -> dict[str, tuple[str, str]]:
+        """Digests of a few parameters among ``sent`` (name -> shape) that the model holds under
+        that name and shape, picked by ``version``, for attesting a sync (``engine.attest``)."""
+        model = self.model_runner.get_model()
+        return held_digests(dict(model.named_parameters()), sent, version)
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
