@@ -31,6 +31,9 @@ def test_two_rank_run_trains_syncs_and_saves(home, tiny_model_dir, prompts_file)
     float32_bytes = 4 * sum(p.numel() for p in model.parameters())
     assert [m["weight_sync_bytes"] for m in metrics] == [float32_bytes, float32_bytes]
     assert all(m["loss"] == m["loss"] and m["grad_norm"] > 0 for m in metrics)
+    # The engine's copy is attested after each sync against the ranks' gathered tensors.
+    assert [m["attested_engines"] for m in metrics] == [1, 1]
+    assert all(m["attest_s"] > 0 for m in metrics)
 
     (checkpoint,) = result.checkpoints()
     assert checkpoint.step == 2

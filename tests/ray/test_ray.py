@@ -121,6 +121,9 @@ def test_two_workers_draw_the_local_samples_and_end_with_its_weights(
     for name, tensor in local_weights.items():
         torch.testing.assert_close(ray_weights[name], tensor, rtol=0, atol=1e-5)
     assert all(m["weight_sync_s"] >= 0 for m in remote.metrics())
+    # Both workers attested after every sync (LoRA: on its adapters, all that is sent).
+    assert [m["attested_engines"] for m in remote.metrics()] == [2, 2, 2]
+    assert all(m["attest_s"] > 0 for m in remote.metrics())
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
@@ -148,11 +151,43 @@ def test_every_worker_holds_the_learners_weights_after_a_sync(
         assert after != before  # the step changed the weights...
         stale = ray.get([w.digest.remote(dtype) for w in pool.workers])
         assert stale == [before, before]  # ...which the workers do not have until the sync
-        sampler.update_weights(learner.weights(), version=1)
+        attested = sampler.update_weights(learner.weights(), version=1)
+        assert attested.engines == 2 and attested.seconds > 0
         synced = ray.get([w.digest.remote(dtype) for w in pool.workers])
         assert synced == [after, after]
         assert pool.weight_version == 1
         assert {s.weight_version for s in sampler.sample(2, 2).samples_B} == {1}
+    finally:
+        sampler.close()
+
+
+def test_a_worker_that_keeps_its_old_weights_fails_the_sync_naming_it(
+    home, tiny_model_dir, data, ray_head
+):
+    from palaestra.backends.ray import build_ray
+    from palaestra.engine.attest import WeightSyncError
+    from palaestra.train.state import Start, TrainerState
+
+    config = on_ray(ray_head, tiny_model_dir, data, num_rollout_workers=2, precision="bfloat16")
+    sampler, learner = build_ray(config, Start(None, TrainerState(0, 3)))
+    try:
+        pool = sampler.engine
+        rollout = sampler.sample(1, 0)
+        learner.train_step(rollout.trained_B, [float(i % 3) - 1 for i in range(8)])
+
+        def skip_loads(worker):  # runs in worker 1's process: loads say done, change nothing
+            def stale(weights, version):
+                worker.engine.weight_version = version
+
+            worker.engine.update_weights = stale
+            return os.getpid()
+
+        pid = ray.get(pool.workers[1].__ray_call__.remote(skip_loads))
+        with pytest.raises(WeightSyncError) as error:
+            sampler.update_weights(learner.weights(), version=1)
+        message = str(error.value)
+        assert "weight sync to version 1" in message
+        assert f"rollout worker 1 (pid {pid}, node " in message
     finally:
         sampler.close()
 

@@ -37,6 +37,8 @@ def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts
         **fields,
     ).train()
     assert samples_of(remote) == samples_of(local)
+    # The worker is attested after each sync against rank 0's gathered tensors.
+    assert [m["attested_engines"] for m in remote.metrics()] == [1, 1]
     (checkpoint,) = remote.checkpoints()
     assert (checkpoint.path / "optimizer_shards" / ".metadata").is_file()
     expected = load_file(local.checkpoints()[-1].path / "model.safetensors")

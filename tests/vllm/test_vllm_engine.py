@@ -149,6 +149,28 @@ def test_weight_sync_changes_what_vllm_samples(engine, prompt, embedded, checkpo
     assert engine.generate([prompt], 1, greedy)[0][0].token_ids == before
 
 
+def test_a_sync_is_attested_and_a_tensor_not_loaded_is_named(engine, checkpoint):
+    """vLLM's digests of what it holds after a sync equal the learner's; a tensor that did not
+    reach it fails the attestation, naming the tensor and the version."""
+    from palaestra.engine.attest import WeightSyncError, attest_engine
+    from palaestra.models.loading import load_causal_lm
+
+    learner = load_causal_lm(str(checkpoint[0]), torch.float32)
+    with torch.no_grad():
+        learner.model.norm.weight.mul_(0.5)
+        learner.model.embed_tokens.weight.add_(1e-3)
+    weights = dict(learner.named_parameters())
+    engine.update_weights(weights, version=3)
+    # The CPU build holds q/k/v and gate/up fused and its other linear weights repacked, under
+    # other shapes: the picks are among the rest (the embeddings and the norms), three of them.
+    assert attest_engine(engine, weights, 3, "the vLLM engine") == 3
+    unsent = weights | {"model.norm.weight": weights["model.norm.weight"] * 2}
+    with pytest.raises(WeightSyncError, match=r"version 3: the vLLM engine .*model\.norm\.weight"):
+        attest_engine(engine, unsent, 3, "the vLLM engine")
+    original = load_causal_lm(str(checkpoint[0]), torch.float32)
+    engine.update_weights(dict(original.named_parameters()), version=4)  # as later tests expect
+
+
 def test_lora_weights_are_refused_with_the_way_out(engine):
     version = engine.weight_version
     with pytest.raises(ValueError, match="rollout_engine='torch'"):
@@ -190,6 +212,8 @@ def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedde
         assert row["sampler_logprob_abs_diff"] < LOGPROB_MEAN_TOL, row
     versions = {(s["step"], s["weight_version"]) for s in result.samples()}
     assert versions == {(1, 0), (2, 1)}
+    # vLLM holds a copy: each sync is attested (the embeddings and the norm at least).
+    assert [m["attested_engines"] for m in metrics] == [1, 1]
 
 
 def test_a_lora_policy_samples_as_a_lora_request(embedded, prompt):

@@ -2,7 +2,8 @@
 
 The engine samples from the learner's very module, or from a bfloat16 copy of it where the
 hardware multiplies bfloat16 natively; a weight update then copies the learner's parameters
-into that copy (or, for the module itself, copies nothing). Sampling ahead
+into that copy (or, for the module itself, copies nothing), and the copy is attested after each
+sync (``engine.attest``: a few tensors' digests against what was sent). Sampling ahead
 (``Recipe.max_staleness``) always samples from a copy. With a sharded learner
 (``Recipe.learner_ranks`` above 1) the learner's ranks are processes of their own and the
 engine samples from a copy of the policy in this process (``backends.sharded``).
@@ -28,7 +29,9 @@ from palaestra.train.learner import Learner
 from palaestra.train.state import Start
 
 
-def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampler, Learner]:
+def build_local(
+    config, start: Start
+) -> tuple[GroupSampler | DemonstrationSampler | CheckedSampler, Learner]:
     """The sampler and learner of ``config``, starting from ``start``."""
     tokenizer = tokenizer_of(config, start)
     data = prepare_data(config, tokenizer)  # a bad dataset fails before the model loads
@@ -40,7 +43,12 @@ def build_local(config, start: Start) -> tuple[GroupSampler | DemonstrationSampl
         # The learner updates while the engine samples ahead: they cannot share one module.
         policy = sampling_copy(policy, next(policy.parameters()).dtype)
     engine = make_engine(config, policy, tokenizer, starting_weights(config, start))
-    return make_sampler(config, engine, data), learner
+    sampler = make_sampler(config, engine, data)
+    if getattr(engine, "model", None) is learner.model:
+        # The engine samples from the learner's own tensors: a sync copies nothing, so there
+        # is nothing that could go stale, and nothing to attest.
+        return sampler, learner
+    return CheckedSampler(sampler, engine), learner
 
 
 def build_sharded(config, start: Start, tokenizer, data) -> tuple[CheckedSampler, object]:

@@ -44,6 +44,13 @@ from palaestra.backends.building import (
     tokenizer_of,
     without_reward,
 )
+from palaestra.engine.attest import (
+    Attestation,
+    Held,
+    compare,
+    sent_digests,
+    shapes_of,
+)
 from palaestra.launch.checks import check_address, gpu_layout, import_ray, runtime_env_of
 from palaestra.models.loading import load_causal_lm, load_tokenizer
 from palaestra.overlay.image import overlay_steps
@@ -360,15 +367,34 @@ class WorkerPool:
         self.max_context = ray.get(workers[0].max_context.remote())
         """Most tokens one row may hold, as the workers' engines count them."""
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Attestation:
+        """Every worker loads ``weights`` and reports a digest of a few tensors as it holds
+        them, which is checked against the same tensors as the learner sent them."""
         if isinstance(weights, RemoteWeights):
             handle = weights.handle
         else:  # a plain mapping of tensors: put it in the object store once
             handle = self.ray.put({k: v.detach().cpu().numpy() for k, v in weights.items()})
         self.weight_version = version
         loads = self.learner.sync.deliver(handle, self.workers, version)
-        for index, ref in enumerate(loads):
-            self._await(index, ref)  # a worker that died gets the weights as it restarts
+        # A worker that died gets the weights as it restarts, attested there.
+        reports = [self._await(index, ref) for index, ref in enumerate(loads)]
+        return self._attest(handle, [r for r in reports if r], version)
+
+    def _attest(self, handle, reports: list[dict], version: int) -> Attestation:
+        """``WeightSyncError`` unless each worker's report holds the learner's digests; the
+        learner's are computed where its object lives (zero-copy), once per dtype."""
+        started = time.monotonic()
+        expected: dict[tuple, Held] = {}
+        engines = 0
+        for report in reports:
+            held = report["held"]
+            kinds = tuple(sorted((name, dtype) for name, (dtype, _) in held.items()))
+            if kinds not in expected:
+                expected[kinds] = self.ray.get(self.learner.actor.sent_digests.remote(handle, held))
+            where = f"rollout worker {report['index']} (pid {report['pid']}, node {report['node']})"
+            engines += compare(expected[kinds], held, where, version) > 0
+        worker_s = max((r["seconds"] for r in reports), default=0.0)
+        return Attestation(engines, worker_s + time.monotonic() - started)
 
     def generate_requests(self, requests: list) -> list[list[Completion]]:
         # Callbacks and cancel events belong to a server in this process; rollouts set none.
@@ -431,7 +457,8 @@ class WorkerPool:
                     raise
                 time.sleep(0.5)
         handle = self.learner.weights(everything=True).handle
-        ray.get(self.learner.sync.deliver(handle, [worker], self.weight_version))
+        reports = ray.get(self.learner.sync.deliver(handle, [worker], self.weight_version))
+        self._attest(handle, reports, self.weight_version)  # a restart is attested too
 
     def close(self) -> None:
         self.cluster.shutdown()
@@ -487,6 +514,13 @@ class ActorBase:
 
     def set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)
+
+    def sent_digests(self, arrays: dict, held: Held) -> Held:
+        """Digests of the published ``arrays`` (Ray hands over the object in this process,
+        zero-copy on its node) for the tensors a worker reported ``held``, in its dtypes."""
+        with warnings.catch_warnings():  # read-only arrays, only read
+            warnings.simplefilter("ignore", UserWarning)
+            return sent_digests({name: torch.from_numpy(arrays[name]) for name in held}, held)
 
 
 class LearnerActor(ActorBase):
@@ -551,11 +585,24 @@ class RolloutWorker(ActorBase):
         """Completions of ``requests``, with the weight version that sampled them."""
         return self.engine.weight_version, self.engine.generate_requests(requests)
 
-    def load_weights(self, arrays: dict, version: int) -> None:
+    def load_weights(self, arrays: dict, version: int) -> dict:
+        """Load ``arrays``; a report of what the engine then holds, for the sync's attestation
+        (``engine.attest``): digests of a few of them, picked by ``version``, and who it is."""
+        import ray
+
         with warnings.catch_warnings():  # object-store arrays are read-only; they are copied
             warnings.simplefilter("ignore", UserWarning)
             tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         self.engine.update_weights(tensors, version)
+        started = time.monotonic()
+        held = self.engine.weight_digests(shapes_of(tensors), version)
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id()[:12],
+            "held": held,
+            "seconds": time.monotonic() - started,
+        }
 
     def digest(self, dtype: torch.dtype) -> str:
         return parameters_digest(self.engine.model, dtype)

@@ -1,17 +1,14 @@
 """The local backend with a sharded learner (``Recipe.actor_num_gpus_per_node`` above 1): the
 learner's ranks in processes of their own (``train.sharded_driver``), the engine in the run's
 process over a copy of the policy, loaded with the ranks' gathered weights after each step and
-checked against them.
-
-The check matters because a stale engine fails silently: it samples, the loss goes down for a
-while, and nothing says the samples came from old weights. After each sync a digest of a few of
-the tensors sent is compared with the same tensors in the engine; a mismatch fails the run,
-naming the version and the tensor.
+attested against them (``engine.attest``; ``CheckedSampler``, which the one-process learner's
+backend uses too wherever its engine samples from a copy).
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +16,11 @@ from typing import Any
 import torch
 
 from palaestra.checkpoints import has_optimizer_state, is_adapter_checkpoint
+from palaestra.engine.attest import Attestation, attest_engine
 from palaestra.models.loading import compute_dtype, load_causal_lm
 from palaestra.train.sharded import RankParts
 from palaestra.train.sharded_driver import ShardedLearner
 from palaestra.train.state import Start
-
-CHECKED_TENSORS = 3
-"""Tensors of each sync whose digest is compared with the engine's: the first, the middle and
-the last sent (embeddings, a block, the last layer's)."""
 
 
 @dataclass
@@ -69,15 +63,11 @@ def make_sharded_learner(config, start: Start) -> ShardedLearner:
     return learner
 
 
-def digest(tensor: torch.Tensor, dtype: torch.dtype) -> str:
-    data = tensor.detach().to("cpu", dtype).contiguous().view(torch.uint8).numpy()
-    return hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
-
-
 class CheckedSampler:
-    """``sampler`` whose engine is checked after each ``update_weights`` against what was
-    sent: a mismatch is a RuntimeError naming the weight version and the tensor. Closing it
-    stops ``learner``'s ranks too (the loop closes the sampler when the run ends)."""
+    """``sampler`` whose engine (in this process) is attested after each ``update_weights``
+    against what was sent (``engine.attest``): a mismatch is a ``WeightSyncError`` naming the
+    version and the tensors. Closing it stops ``learner``'s ranks too, if given (the loop closes
+    the sampler when the run ends)."""
 
     def __init__(self, sampler, engine, learner: ShardedLearner | None = None) -> None:
         self.sampler = sampler
@@ -97,23 +87,8 @@ class CheckedSampler:
             if self.learner is not None:
                 self.learner.close()
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Attestation:
         self.sampler.update_weights(weights, version)
-        check_engine_weights(self.engine, weights, version)
-
-
-def check_engine_weights(engine, weights: Mapping[str, torch.Tensor], version: int) -> None:
-    """RuntimeError unless the engine's module holds a few of ``weights`` bit for bit (in the
-    engine's dtype)."""
-    names = list(weights)
-    if not names:
-        return
-    picks = sorted({0, len(names) // 2, len(names) - 1})[:CHECKED_TENSORS]
-    held = dict(engine.model.named_parameters())
-    for name in (names[i] for i in picks):
-        mine = held[name]
-        if digest(weights[name], mine.dtype) != digest(mine, mine.dtype):
-            raise RuntimeError(
-                f"weight sync to version {version}: the engine's {name} is not what the "
-                "learner sent (the engine would sample from stale weights)"
-            )
+        started = time.monotonic()
+        compared = attest_engine(self.engine, weights, version, f"the engine (pid {os.getpid()})")
+        return Attestation(engines=int(compared > 0), seconds=time.monotonic() - started)

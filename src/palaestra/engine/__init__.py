@@ -51,8 +51,11 @@ class RolloutEngine(Protocol):
         """``request.n`` completions of each request, as ``completions_P_G``."""
         ...
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """Sample from ``weights`` (parameter name -> tensor) from the next request on."""
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Any:
+        """Sample from ``weights`` (parameter name -> tensor) from the next request on. An
+        engine that attests the sync itself (a pool of remote engines) returns its
+        ``engine.attest.Attestation``; one in the caller's process returns None and answers
+        ``weight_digests`` (name -> shape in, name -> (dtype, digest) out) for the caller's."""
         ...
 
     def close(self) -> None:

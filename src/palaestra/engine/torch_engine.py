@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from palaestra.engine import GenerationRequest
+from palaestra.engine.attest import Held, held_digests
 from palaestra.engine.fused_pass import FusedPass, fused_pass
 from palaestra.engine.packed_linear import PackedLinears, packed_linears
 from palaestra.engine.padded_decoder import PassDecoder
@@ -116,6 +117,12 @@ class TorchEngine:
                     param.copy_(tensor)
         self.weight_version = version
         self._packed, self._packed_version = None, None  # packed again at the next pass
+
+    def weight_digests(self, sent: Mapping[str, tuple], version: int) -> Held:
+        """Digests of a few of the sampling module's parameters among those in ``sent`` (name
+        -> shape), picked by ``version``, as it holds them: what a weight sync is attested by
+        (``engine.attest``)."""
+        return held_digests(dict(self.model.named_parameters()), sent, version)
 
     def packed_weights(self) -> FusedPass | PackedLinears | None:
         """The sampling module's weights packed for generation passes: a ``FusedPass`` for

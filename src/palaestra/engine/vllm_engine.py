@@ -170,6 +170,25 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         self.weight_version = version
 
+    def weight_digests(self, sent: Mapping[str, tuple], version: int) -> dict[str, tuple[str, str]]:
+        """Digests of a few of the tensors in ``sent`` (the learner's name -> shape), picked by
+        ``version`` among those vLLM's model holds under the same name and shape
+        (``engine.attest``): not the fused q/k/v and gate/up projections, nor (on the CPU
+        build) the repacked linear weights, and nothing of a LoRA policy (its adapters live in
+        vLLM's LoRA manager, loaded from the folder written for them). With tensor
+        parallelism, a tensor counts where every worker holds it whole and alike."""
+        if self.lora_rank:
+            return {}
+        ours = {name.removeprefix("_orig_mod."): name for name in sent}
+        shapes = {name: tuple(sent[original]) for name, original in ours.items()}
+        answers = self.llm.collective_rpc("palaestra_digests", args=(shapes, version))
+        held = {}
+        for name in answers[0]:
+            values = {tuple(answer[name]) if name in answer else None for answer in answers}
+            agreed = values.pop() if len(values) == 1 else ("?", "differs between workers")
+            held[ours[name]] = tuple(agreed)
+        return held
+
     def _load_adapters(self, adapters: Mapping[str, Any], version: int) -> None:
         """Write ``adapters`` as a peft folder and sample with them as a new LoRA request."""
         from safetensors.torch import save_file

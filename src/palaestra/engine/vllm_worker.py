@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from palaestra.engine.attest import held_digests
+
 
 class WeightLoader:
     def palaestra_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -14,6 +16,12 @@ class WeightLoader:
         after loading it), then refresh an output head tied to the embeddings."""
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
         refresh_tied_heads(self.model_runner.get_model())
+
+    def palaestra_digests(self, sent: dict[str, tuple], version: int) -> dict[str, tuple[str, str]]:
+        """Digests of a few parameters among ``sent`` (name -> shape) that the model holds under
+        that name and shape, picked by ``version``, for attesting a sync (``engine.attest``)."""
+        model = self.model_runner.get_model()
+        return held_digests(dict(model.named_parameters()), sent, version)
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:

@@ -134,8 +134,8 @@ class DemonstrationSampler:
         # Nothing was sampled: no traces to log, no rollout time.
         return Rollout([], trained_B, cursor + P, {"rollout_s": 0.0, "reward_s": 0.0})
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        self.inner.update_weights(weights, version)
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Any:
+        return self.inner.update_weights(weights, version)
 
     def evaluate(self, step: int) -> dict[str, float]:
         return self.inner.evaluate(step)

@@ -79,8 +79,10 @@ class GroupSampler:
         states = prompt_states(samples_B, kept_B[: P * G], G)
         return Rollout(samples_B, kept_B[: P * G], cursor, metrics, states)
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        self.engine.update_weights(weights, version)
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Any:
+        """Load ``weights`` into the engine; the engine's attestation of the sync, if it
+        attests (``engine.attest``: a pool of remote engines does)."""
+        return self.engine.update_weights(weights, version)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Mean reward of one sample per eval prompt; each prompt's seed is the same at every

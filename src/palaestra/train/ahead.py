@@ -79,10 +79,11 @@ class AheadSampler:
         # The learner holds version step - 1 while it trains this step.
         return drop_stale(rollout, step - 1, self.max_staleness, self.group_size)
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Any:
         with self._engine:
-            self.inner.update_weights(weights, version)
+            attested = self.inner.update_weights(weights, version)
             self.version = version
+        return attested
 
     def evaluate(self, step: int) -> dict[str, float]:
         with self._engine:

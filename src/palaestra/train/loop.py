@@ -99,12 +99,16 @@ def train_one_step(
     # 3. Update the policy, then 4. sync the sampler to it (the new weights are version `step`).
     train_metrics = learner.train_step(rollout.trained_B, advantages_B)
     trained = time.monotonic()
-    sampler.update_weights(learner.weights(), version=step)
+    #    Each engine holding a copy reports a digest of a few tensors, checked against what
+    #    was sent; a stale one fails the run (engine.attest.WeightSyncError).
+    attested = sampler.update_weights(learner.weights(), version=step)
     synced = time.monotonic()
     timings = {
         "sample_wait_s": sampled - started,
         "train_s": trained - sampled,
-        "weight_sync_s": synced - trained,
+        "weight_sync_s": synced - trained,  # attesting included
+        "attest_s": attested.seconds if attested else 0.0,
+        "attested_engines": attested.engines if attested else 0,
     }
     if getattr(learner, "last_sync_bytes", None) is not None:  # bytes sent to the engine
         timings["weight_sync_bytes"] = learner.last_sync_bytes

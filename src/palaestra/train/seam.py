@@ -17,6 +17,7 @@ from palaestra.types import Rollout, Sample
 
 if TYPE_CHECKING:
     from palaestra.config import TrainConfig
+    from palaestra.engine.attest import Attestation
 
 
 class Sampler(Protocol):
@@ -24,8 +25,10 @@ class Sampler(Protocol):
         """The step's scored groups, prompts taken from the dataset order at ``cursor``."""
         ...
 
-    def update_weights(self, weights: Mapping[str, Any], version: int) -> None:
-        """Sample from ``weights`` (version: the step that produced them) from now on."""
+    def update_weights(self, weights: Mapping[str, Any], version: int) -> Attestation | None:
+        """Sample from ``weights`` (version: the step that produced them) from now on. Where
+        the engines hold a copy of them, each is attested against what was sent
+        (``engine.attest``): how many and how long, or None where there is no copy."""
         ...
 
     def evaluate(self, step: int) -> dict[str, float]:
