@@ -526,6 +526,10 @@ def check_gpus(recipe: Recipe) -> None:
     (the Ray cluster at ``ray_address`` is counted by ``launch.checks.check_ray_here``)."""
     if not recipe.rollout_num_gpus or (recipe.backend == "ray" and recipe.ray_address):
         return
+    from palaestra.devices import rehearsing
+
+    if rehearsing() and uses_ray(recipe):
+        return  # the run's own Ray instance declares the GPUs it rehearses on
     import torch
 
     found = torch.cuda.device_count()
@@ -619,18 +623,29 @@ class Qwen3_5_4B_Recipe(Recipe):
 
 def check_sharding_runs(recipe: Recipe) -> None:
     """The learner layouts a recipe can describe (and ``TrainConfig.plan()`` can size) but the
-    run cannot build yet: GPU ranks over NCCL, and engines asleep on the learner's devices."""
-    if recipe.learner_ranks > 1 and recipe.rollout_num_gpus:
+    run cannot build: GPU ranks beside engines on GPUs of their own, and a colocated layout
+    whose ranks and engines do not pair up (a colocated layout has N > 1 GPUs: it runs on
+    Ray)."""
+    if recipe.learner_ranks <= 1:
+        return
+    n, ranks = recipe.rollout_num_gpus, recipe.learner_ranks
+    if recipe.colocate:
+        if n != ranks:
+            raise RecipeNotRunnableError(
+                f"colocate=True puts learner rank i and engine i on GPU i (on Ray): "
+                f"rollout_num_gpus={n} must equal actor_num_gpus_per_node={ranks}"
+            )
+        if "num_rollout_workers" in recipe.model_fields_set and recipe.num_rollout_workers != n:
+            raise RecipeNotRunnableError(
+                f"colocate=True runs one engine per GPU: num_rollout_workers="
+                f"{recipe.num_rollout_workers} must be {n} (rollout_num_gpus), or unset"
+            )
+        return
+    if n:
         raise RecipeNotRunnableError(
-            f"actor_num_gpus_per_node={recipe.actor_num_gpus_per_node} with "
-            f"rollout_num_gpus={recipe.rollout_num_gpus}: a sharded learner runs on CPU ranks "
-            "for now (rollout_num_gpus=0); GPU ranks over NCCL are not wired yet. "
-            "TrainConfig.plan() still sizes this layout"
-        )
-    if recipe.colocate and recipe.learner_ranks > 1:
-        raise RecipeNotRunnableError(
-            "colocate=True with a sharded learner (engines asleep through the update) is not "
-            "built yet; set colocate=False. TrainConfig.plan() still sizes this layout"
+            f"actor_num_gpus_per_node={ranks} with rollout_num_gpus={n} and colocate=False: "
+            "a sharded learner on GPUs runs colocated (colocate=True, backend='ray'); with "
+            "engines on GPUs of their own it is not built. TrainConfig.plan() still sizes it"
         )
 
 

@@ -6,14 +6,27 @@ write into the run directory (the consolidated weights from rank 0, optimiser sh
 each), so they need its file system. Weights reach the rollout workers as the one learner's
 do: rank 0 puts every gathered tensor (float32 numpy arrays, which the object store holds
 without a copy) in one object that each worker loads, and the pool's checks apply unchanged.
+
+**Colocated** (``colocate=True``, ``rollout_num_gpus`` = the ranks): one placement group of N
+bundles of one GPU each, packed on the driver's node; learner rank i and rollout worker i share
+bundle i, half a GPU each in Ray's accounting. Each update runs with the engines asleep
+(``RolloutEngine.sleep``), and they wake before the weight sync; ``sleep_s``, ``wake_s`` and
+``sleep_freed_bytes`` land in the step's metrics. A rank's device is the GPU Ray gave its actor
+(``cuda:0`` within its ``CUDA_VISIBLE_DEVICES``), over NCCL; with ``PALAESTRA_DEVICE=cpu``
+(``devices.rehearsing``) the CPU over gloo. NCCL ranks and the colocated layout have only run
+in that rehearsal, never on a real GPU.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from palaestra.backends.ray import ActorBase, ObjectStoreSync, RemoteWeights
 from palaestra.backends.sharded import ShardedBuild
+from palaestra.devices import torch_device_type
+from palaestra.launch.checks import COLOCATED_SHARE, colocated
+from palaestra.recipes import RecipeNotRunnableError
 from palaestra.train.sharded_driver import BUCKET_BYTES, free_port, join_group
 from palaestra.train.state import Start
 
@@ -27,9 +40,23 @@ class LearnerRankActor(ActorBase):
         self.learner = None
 
     def join(self, port: int, config, start: Start) -> None:
+        # Ray's CUDA_VISIBLE_DEVICES holds only this actor's GPU (ray.get_gpu_ids()), so it
+        # is cuda:0 here, whatever the rank. Not yet run on a real GPU.
+        cuda = torch_device_type(config.recipe.rollout_num_gpus) == "cuda"
         self.learner = join_group(
-            self.rank, self.world, port, ShardedBuild(config, start), config.recipe
+            self.rank,
+            self.world,
+            port,
+            ShardedBuild(config, start),
+            config.recipe,
+            "cuda:0" if cuda else "cpu",
         )
+
+    def placement(self) -> tuple[str | None, list]:
+        """This actor's placement group and the GPU ids Ray assigned it."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id(), ray.get_gpu_ids()
 
     def train_step(self, samples_B, advantages_B) -> dict:
         metrics = self.learner.train_step(samples_B, advantages_B)
@@ -76,10 +103,58 @@ class RayShardedLearner:
         self.ranks = ranks
         self.actor = ranks[0]  # where the cluster asks the learner's whereabouts
         self.sync = sync
+        self.engines: list = []
+        """Rollout workers on the ranks' GPUs (colocated): asleep through each update."""
+
+    def colocate_with(self, workers: list) -> None:
+        """Share the ranks' GPUs with ``workers`` (worker i beside rank i): check that Ray put
+        each pair on one GPU, say where, and sleep them through each update from now on."""
+        ray = self.ray
+        pairs = list(zip(self.ranks, workers, strict=True))
+        places = ray.get([a.placement.remote() for pair in pairs for a in pair])
+        lines = []
+        for index in range(len(pairs)):
+            rank, worker = places[2 * index], places[2 * index + 1]
+            if rank != worker:
+                raise RuntimeError(
+                    f"colocate: Ray placed learner rank {index} at {rank} and rollout worker "
+                    f"{index} at {worker} (placement group, GPU ids); they should share one"
+                )
+            lines.append(f"bundle {index}: GPU {rank[1]}")
+        print(
+            f"ray: colocated on placement group {places[0][0]}, learner rank i and rollout "
+            f"worker i in bundle i: {'; '.join(lines)}",
+            flush=True,
+        )
+        self.engines = workers
 
     def train_step(self, samples_B, advantages_B) -> dict:
         samples_B, advantages_B = list(samples_B), list(advantages_B)
-        return self._all("train_step", samples_B, advantages_B)
+        if not self.engines:
+            return self._all("train_step", samples_B, advantages_B)
+        started = time.monotonic()
+        freed = self._engines("sleep")
+        slept = time.monotonic()
+        metrics = self._all("train_step", samples_B, advantages_B)
+        trained = time.monotonic()
+        self._engines("wake")  # before the weight sync, which loads into awake engines
+        return metrics | {
+            "sleep_s": slept - started,
+            "wake_s": time.monotonic() - trained,
+            "sleep_freed_bytes": sum(n or 0 for n in freed),
+        }
+
+    def _engines(self, method: str) -> list:
+        """``method`` on every colocated engine. One that died answers None: Ray restarts it
+        awake, and the pool loads the weights into it at the next sync or request."""
+        refs = [getattr(worker, method).remote() for worker in self.engines]
+        answers = []
+        for ref in refs:
+            try:
+                answers.append(self.ray.get(ref))
+            except self.ray.exceptions.RayActorError:
+                answers.append(None)
+        return answers
 
     def weights(self, everything: bool = False) -> RemoteWeights:
         try:
@@ -111,10 +186,35 @@ class RayShardedLearner:
         )
 
 
-def start_ranks(cluster, config, start: Start) -> RayShardedLearner:
-    """``recipe.learner_ranks`` rank actors on the driver's node, joined into one group, the
-    starting checkpoint's optimiser state loaded when it fits (as ``make_learner`` does)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+def colocated_group(cluster, recipe):
+    """For a colocated recipe, the placement group its ranks and engines share: N bundles of
+    {GPU: 1, CPU: ray_cpus_per_worker}, packed on the driver's node (rank 0 listens on its
+    loopback, and the checkpoint's ranks write into the run directory). None otherwise."""
+    if not colocated(recipe):
+        return None
+    n = recipe.rollout_num_gpus
+    bundle = {"GPU": 1, "CPU": recipe.ray_cpus_per_worker}
+    group = cluster.place([bundle] * n, "STRICT_PACK", f"{n} colocated learner rank(s) + engine")
+    from ray.util.placement_group import placement_group_table
+
+    nodes = set(placement_group_table(group)["bundles_to_node_id"].values())
+    if nodes != {cluster.driver_node}:
+        raise RecipeNotRunnableError(
+            f"colocate=True: Ray placed the {n} GPUs on node {nodes.pop()}, not on the node "
+            "that runs the driver; launch the run from the node with the GPUs (the learner's "
+            "ranks meet on its loopback and write checkpoints to its run directory)"
+        )
+    return group
+
+
+def start_ranks(cluster, config, start: Start, group=None) -> RayShardedLearner:
+    """``recipe.learner_ranks`` rank actors on the driver's node (rank i in bundle i of a
+    colocated ``group``), joined into one group, the starting checkpoint's optimiser state
+    loaded when it fits (as ``make_learner`` does)."""
+    from ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy,
+    )
 
     from palaestra.checkpoints import has_optimizer_state, is_adapter_checkpoint
 
@@ -122,10 +222,18 @@ def start_ranks(cluster, config, start: Start) -> RayShardedLearner:
     world = recipe.learner_ranks
     actor_class = cluster.ray.remote(LearnerRankActor).options(
         num_cpus=0,  # the loop never trains while the workers sample
-        scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.driver_node, soft=False),
         max_restarts=0,
     )
-    ranks = [actor_class.remote(rank, world) for rank in range(world)]
+    if group is None:
+        where = NodeAffinitySchedulingStrategy(cluster.driver_node, soft=False)
+        places = [{"scheduling_strategy": where}] * world
+    else:
+        places = [
+            {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, rank)}
+            | {"num_gpus": COLOCATED_SHARE}
+            for rank in range(world)
+        ]
+    ranks = [actor_class.options(**places[rank]).remote(rank, world) for rank in range(world)]
     cluster.actors += ranks
     port = free_port()  # on the driver's node, where rank 0 listens
     learner = RayShardedLearner(ranks, ShardedSync())
