@@ -19,6 +19,7 @@ in that rehearsal, never on a real GPU.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -51,12 +52,6 @@ class LearnerRankActor(ActorBase):
             config.recipe,
             "cuda:0" if cuda else "cpu",
         )
-
-    def placement(self) -> tuple[str | None, list]:
-        """This actor's placement group and the GPU ids Ray assigned it."""
-        import ray
-
-        return ray.get_runtime_context().get_placement_group_id(), ray.get_gpu_ids()
 
     def train_step(self, samples_B, advantages_B) -> dict:
         metrics = self.learner.train_step(samples_B, advantages_B)
@@ -111,19 +106,21 @@ class RayShardedLearner:
         each pair on one GPU, say where, and sleep them through each update from now on."""
         ray = self.ray
         pairs = list(zip(self.ranks, workers, strict=True))
-        places = ray.get([a.placement.remote() for pair in pairs for a in pair])
+        places = ray.get([a.__ray_call__.remote(placement) for pair in pairs for a in pair])
         lines = []
         for index in range(len(pairs)):
-            rank, worker = places[2 * index], places[2 * index + 1]
-            if rank != worker:
+            (group, gpus, rank_pid, _), worker = places[2 * index], places[2 * index + 1]
+            if (group, gpus) != worker[:2]:
                 raise RuntimeError(
-                    f"colocate: Ray placed learner rank {index} at {rank} and rollout worker "
-                    f"{index} at {worker} (placement group, GPU ids); they should share one"
+                    f"colocate: Ray placed learner rank {index} on GPU(s) {gpus} of placement "
+                    f"group {group}, and rollout worker {index} on {worker[1]} of {worker[0]}; "
+                    "they should share one"
                 )
-            lines.append(f"bundle {index}: GPU {rank[1]}")
+            lines.append(f"bundle {index}: GPU {gpus}, rank pid {rank_pid}, worker pid {worker[2]}")
+        devices = sorted({place[3] for place in places})
         print(
             f"ray: colocated on placement group {places[0][0]}, learner rank i and rollout "
-            f"worker i in bundle i: {'; '.join(lines)}",
+            f"worker i in bundle i: {'; '.join(lines)}; device {', '.join(devices)}",
             flush=True,
         )
         self.engines = workers
@@ -169,13 +166,18 @@ class RayShardedLearner:
         self._all("load", str(folder))
 
     def _all(self, method: str, *args):
+        """Rank 0's answer once every rank answered. Answers are taken as they come: a rank
+        that died fails the call at once, naming it, while the others wait for it in a
+        collective (until ``COLLECTIVE_TIMEOUT``, if nothing stopped them)."""
         refs = [getattr(rank, method).remote(*args) for rank in self.ranks]
-        answers = []
-        for index, ref in enumerate(refs):
+        index_of = {ref: index for index, ref in enumerate(refs)}
+        pending, answers = refs, {}
+        while pending:
+            (ref,), pending = self.ray.wait(pending, num_returns=1)
             try:
-                answers.append(self.ray.get(ref))
+                answers[index_of[ref]] = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as error:
-                raise self._died(error, index) from error
+                raise self._died(error, index_of[ref]) from error
         return answers[0]
 
     def _died(self, error: Exception, index: int | None = None) -> RuntimeError:
@@ -184,6 +186,18 @@ class RayShardedLearner:
             f"{which} died ({type(error).__name__}); the learner's ranks share its state, so "
             "the run fails: continue it from its last checkpoint with resume()"
         )
+
+
+def placement(actor) -> tuple[str | None, list, int, str]:
+    """Where ``actor`` runs (called in it): its placement group, the GPU ids Ray assigned it,
+    its pid, and the device torch uses there (the rehearsal switch as the actor sees it)."""
+    import ray
+
+    from palaestra.devices import DEVICE_VAR, rehearsing
+
+    device = f"cpu ({DEVICE_VAR}=cpu)" if rehearsing() else "cuda"
+    context = ray.get_runtime_context()
+    return context.get_placement_group_id(), ray.get_gpu_ids(), os.getpid(), device
 
 
 def colocated_group(cluster, recipe):
@@ -220,10 +234,9 @@ def start_ranks(cluster, config, start: Start, group=None) -> RayShardedLearner:
 
     recipe = config.recipe
     world = recipe.learner_ranks
-    actor_class = cluster.ray.remote(LearnerRankActor).options(
-        num_cpus=0,  # the loop never trains while the workers sample
-        max_restarts=0,
-    )
+    actor_class = cluster.ray.remote(LearnerRankActor)
+    # No CPU reserved: the loop never trains while the workers sample.
+    common = {"num_cpus": 0, "max_restarts": 0}
     if group is None:
         where = NodeAffinitySchedulingStrategy(cluster.driver_node, soft=False)
         places = [{"scheduling_strategy": where}] * world
@@ -233,7 +246,9 @@ def start_ranks(cluster, config, start: Start, group=None) -> RayShardedLearner:
             | {"num_gpus": COLOCATED_SHARE}
             for rank in range(world)
         ]
-    ranks = [actor_class.options(**places[rank]).remote(rank, world) for rank in range(world)]
+    ranks = [
+        actor_class.options(**common, **places[rank]).remote(rank, world) for rank in range(world)
+    ]
     cluster.actors += ranks
     port = free_port()  # on the driver's node, where rank 0 listens
     learner = RayShardedLearner(ranks, ShardedSync())
