@@ -75,10 +75,10 @@ def build_ray(config, start: Start):
         else:
             learner = RayLearner(cluster.start_learner(remote_config, start), ObjectStoreSync())
         workers = cluster.start_workers(remote_config, group)
-        if group is not None:  # the engines sleep through each update
-            learner.colocate_with(workers)
         threads = cluster.share_cores(learner.actor, workers)
         pool = WorkerPool(workers, threads, learner, cluster)
+        if group is not None:  # the engines sleep through each update
+            learner.colocate_with(pool)
         # The first sync sends every tensor (a worker starts from the model's own weights,
         # not the run's checkpoint, which may live on another machine).
         pool.update_weights(learner.weights(everything=True), start.state.step)

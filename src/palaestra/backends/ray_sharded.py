@@ -98,14 +98,15 @@ class RayShardedLearner:
         self.ranks = ranks
         self.actor = ranks[0]  # where the cluster asks the learner's whereabouts
         self.sync = sync
-        self.engines: list = []
-        """Rollout workers on the ranks' GPUs (colocated): asleep through each update."""
+        self.pool = None
+        """The rollout workers on the ranks' GPUs (colocated): asleep through each update."""
 
-    def colocate_with(self, workers: list) -> None:
-        """Share the ranks' GPUs with ``workers`` (worker i beside rank i): check that Ray put
-        each pair on one GPU, say where, and sleep them through each update from now on."""
+    def colocate_with(self, pool) -> None:
+        """Share the ranks' GPUs with the rollout workers of ``pool`` (worker i beside rank i):
+        check that Ray put each pair on one GPU, say where, and sleep them through each update
+        from now on."""
         ray = self.ray
-        pairs = list(zip(self.ranks, workers, strict=True))
+        pairs = list(zip(self.ranks, pool.workers, strict=True))
         places = ray.get([a.__ray_call__.remote(placement) for pair in pairs for a in pair])
         lines = []
         for index in range(len(pairs)):
@@ -123,11 +124,11 @@ class RayShardedLearner:
             f"worker i in bundle i: {'; '.join(lines)}; device {', '.join(devices)}",
             flush=True,
         )
-        self.engines = workers
+        self.pool = pool
 
     def train_step(self, samples_B, advantages_B) -> dict:
         samples_B, advantages_B = list(samples_B), list(advantages_B)
-        if not self.engines:
+        if self.pool is None:
             return self._all("train_step", samples_B, advantages_B)
         started = time.monotonic()
         freed = self._engines("sleep")
@@ -142,15 +143,17 @@ class RayShardedLearner:
         }
 
     def _engines(self, method: str) -> list:
-        """``method`` on every colocated engine. One that died answers None: Ray restarts it
-        awake, and the pool loads the weights into it at the next sync or request."""
-        refs = [getattr(worker, method).remote() for worker in self.engines]
+        """``method`` on every colocated engine. One that died is restarted by Ray and loaded
+        with the current weights by the pool (as when it dies sampling), then put back to
+        sleep: the update goes on."""
+        workers = self.pool.workers
+        refs = [getattr(worker, method).remote() for worker in workers]
         answers = []
-        for ref in refs:
-            try:
-                answers.append(self.ray.get(ref))
-            except self.ray.exceptions.RayActorError:
-                answers.append(None)
+        for index, ref in enumerate(refs):
+            answer = self.pool._await(index, ref)  # None: it died and was restarted
+            if answer is None and method == "sleep":
+                answer = self.ray.get(workers[index].sleep.remote())
+            answers.append(answer)
         return answers
 
     def weights(self, everything: bool = False) -> RemoteWeights:
