@@ -136,7 +136,7 @@ class TorchEngine:
         """Drop what the next pass rebuilds: the packed copy of the weights (the slot cache and
         its buffers belong to each call's decoder, gone already) and, on CUDA, the allocator's
         cached blocks. Bytes freed: the packed tensors'. The module's own weights stay."""
-        freed = tensor_bytes(self._packed)
+        freed = tensor_bytes(self._packed, shared_with=self.model)
         self._packed, self._packed_version = None, None
         device = next(self.model.parameters()).device
         if device.type == "cuda":
@@ -326,10 +326,13 @@ def sampling_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module
     return clone
 
 
-def tensor_bytes(holder, depth: int = 3) -> int:
+def tensor_bytes(holder, shared_with: torch.nn.Module | None = None, depth: int = 3) -> int:
     """Bytes of the distinct tensors ``holder`` holds (in its attributes, lists, tuples and
-    dicts, ``depth`` levels down): what dropping it frees, shared storages counted once."""
+    dicts, ``depth`` levels down): what dropping it frees. Shared storages count once, and
+    those of ``shared_with``'s parameters not at all (they outlive ``holder``)."""
     seen: set[int] = set()
+    if shared_with is not None:
+        seen = {p.untyped_storage().data_ptr() for p in shared_with.parameters()}
 
     def walk(item, level: int) -> int:
         if isinstance(item, torch.Tensor):
