@@ -356,16 +356,22 @@ class Recipe(BaseModel):
     """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
     default 1: one unsharded learner, as before). Above 1 the learner runs as that many
     processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
-    sharded with FSDP2 and each step's batch split between them. Today the ranks run on CPUs
-    over gloo (``rollout_num_gpus=0``): processes of the run's own on the local backend, actors
-    on the driver's node on Ray. That rehearses a GPU layout on one machine with the same
-    numbers as one process. GPU ranks over NCCL are not wired yet: refused naming this
-    field at launch (``TrainConfig.plan()`` sizes it all the same)."""
+    sharded with FSDP2 and each step's batch split between them. With ``rollout_num_gpus=0``
+    the ranks run on CPUs over gloo: processes of the run's own on the local backend, actors
+    on the driver's node on Ray. On GPUs they run colocated on Ray (``colocate=True``,
+    ``rollout_num_gpus`` equal to this), each rank actor on the GPU Ray gave it over NCCL:
+    never run on a real GPU yet; ``PALAESTRA_DEVICE=cpu`` rehearses that layout on CPUs. GPU
+    ranks beside engines on GPUs of their own are refused naming this field at launch
+    (``TrainConfig.plan()`` sizes them all the same)."""
     colocate: bool = False
     """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
-    there). False: today's layout, learner and engines on devices of their own (with one GPU
-    or a CPU run they share it anyway). True with a sharded learner (engines asleep through
-    the update) is not built yet: an error naming this field at launch."""
+    there). False: the split layout, learner and engines on devices of their own (with one
+    GPU or a CPU run they share it anyway). True with a sharded learner: on Ray, one placement
+    group of ``rollout_num_gpus`` one-GPU bundles, learner rank i and engine i in bundle i
+    (half a GPU each in Ray's accounting), the engines asleep through each update and awake
+    before the weight sync (``sleep_s``/``wake_s`` in the metrics). Needs
+    ``rollout_num_gpus == actor_num_gpus_per_node``; anything else is an error naming the
+    fields at launch."""
     activation_checkpointing: bool = False
     """Sharded learner: recompute each transformer block's activations in the backward instead
     of keeping them (less memory, about a third more forward arithmetic)."""
@@ -604,8 +610,8 @@ class Qwen3_5_4B_Recipe(Recipe):
     The Gym trains it colocated, and so does this preset's layout: the learner sharded over all
     8 GPUs with its optimiser in host memory, the engines on the same GPUs, asleep during the
     update. ``TrainConfig.plan()`` shows that layout fitting 8 x 80 GB (``docs/plan.md``); one
-    unsharded float32 learner on one GPU does not fit 80 GB. GPU learner ranks and colocated
-    engines are not built yet, so launching it is refused (``check_sharding_runs``)."""
+    unsharded float32 learner on one GPU does not fit 80 GB. That layout has run only as a
+    rehearsal on CPUs (``PALAESTRA_DEVICE=cpu``, ``docs/sharding.md``), never on real GPUs."""
 
     rollout_batch_size: int = preset("rollout_batch_size", 16)
     n_samples_per_prompt: int = preset("n_samples_per_prompt", 8)
