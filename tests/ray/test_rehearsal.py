@@ -214,3 +214,17 @@ def test_a_killed_learner_rank_fails_the_run_and_resume_continues(
     result = run.resume().result(timeout=300)
     assert [m["step"] for m in result.metrics()] == [1, 2, 3]
     assert (result.checkpoints()[-1].path / "model.safetensors").is_file()
+
+
+def test_a_run_of_its_own_declares_the_gpus_it_rehearses_on(
+    rehearsal, home, tiny_model_dir, prompts_file, monkeypatch
+):
+    # No ray_address: the run starts a Ray instance of its own (even beside the held one),
+    # which declares rollout_num_gpus GPUs because the switch is on; without it, this machine
+    # has no GPU and the run would be refused.
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    config = colocated(None, tiny_model_dir, prompts_file, 2, num_rollout=1)
+    result = config.train()
+    (row,) = result.metrics()
+    assert row["sleep_s"] >= 0 and row["wake_s"] >= 0
+    assert not ray.is_initialized()  # the run's own instance ended with it
