@@ -107,3 +107,30 @@ def host_memory() -> tuple[int, int]:
     except OSError:
         pass
     return total, available
+
+
+DEVICE_VAR = "PALAESTRA_DEVICE"
+"""The rehearsal switch: ``PALAESTRA_DEVICE=cpu`` runs a GPU layout (``rollout_num_gpus``) with
+CPU devices and gloo. Ray still places and counts the GPUs (a Ray instance can declare GPUs it
+does not have), so the layout, its placement and its failures rehearse on a CPU machine."""
+
+
+def rehearsing() -> bool:
+    """Whether ``PALAESTRA_DEVICE=cpu`` asks for CPU devices in place of the recipe's GPUs."""
+    value = os.environ.get(DEVICE_VAR, "").strip().lower()
+    if value not in ("", "cpu", "cuda"):
+        raise ValueError(f"{DEVICE_VAR}={value!r}: set it to 'cpu' (the rehearsal) or unset it")
+    return value == "cpu"
+
+
+def torch_device_type(rollout_num_gpus: int) -> str:
+    """``"cuda"`` or ``"cpu"``: where a run's torch work goes. The one place that reads the
+    rehearsal switch; the engines' device (``backends.building.device_of``) and the learner's
+    ranks (``train.sharded_driver.join_group``) both ask it."""
+    return "cuda" if rollout_num_gpus and not rehearsing() else "cpu"
+
+
+def rehearsal_env() -> dict[str, str]:
+    """The switch as environment variables for processes that do not inherit this one's (Ray
+    actors take their environment from the raylet, not from the driver)."""
+    return {DEVICE_VAR: "cpu"} if rehearsing() else {}

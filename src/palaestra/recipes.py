@@ -356,16 +356,22 @@ class Recipe(BaseModel):
     """Ranks the learner is sharded over on each node (the Gym's ``actor_num_gpus_per_node``;
     default 1: one unsharded learner, as before). Above 1 the learner runs as that many
     processes in a ``torch.distributed`` group, its weights, gradients and optimiser state
-    sharded with FSDP2 and each step's batch split between them. Today the ranks run on CPUs
-    over gloo (``rollout_num_gpus=0``): processes of the run's own on the local backend, actors
-    on the driver's node on Ray. That rehearses a GPU layout on one machine with the same
-    numbers as one process. GPU ranks over NCCL are not wired yet: refused naming this
-    field at launch (``TrainConfig.plan()`` sizes it all the same)."""
+    sharded with FSDP2 and each step's batch split between them. With ``rollout_num_gpus=0``
+    the ranks run on CPUs over gloo: processes of the run's own on the local backend, actors
+    on the driver's node on Ray. On GPUs they run colocated on Ray (``colocate=True``,
+    ``rollout_num_gpus`` equal to this), each rank actor on the GPU Ray gave it over NCCL:
+    never run on a real GPU yet; ``PALAESTRA_DEVICE=cpu`` rehearses that layout on CPUs. GPU
+    ranks beside engines on GPUs of their own are refused naming this field at launch
+    (``TrainConfig.plan()`` sizes them all the same)."""
     colocate: bool = False
     """Whether the learner's ranks and the engines share devices (the Gym's ``colocate``, True
-    there). False: today's layout, learner and engines on devices of their own (with one GPU
-    or a CPU run they share it anyway). True with a sharded learner (engines asleep through
-    the update) is not built yet: an error naming this field at launch."""
+    there). False: the split layout, learner and engines on devices of their own (with one
+    GPU or a CPU run they share it anyway). True with a sharded learner: on Ray, one placement
+    group of ``rollout_num_gpus`` one-GPU bundles, learner rank i and engine i in bundle i
+    (half a GPU each in Ray's accounting), the engines asleep through each update and awake
+    before the weight sync (``sleep_s``/``wake_s`` in the metrics). Needs
+    ``rollout_num_gpus == actor_num_gpus_per_node``; anything else is an error naming the
+    fields at launch."""
     activation_checkpointing: bool = False
     """Sharded learner: recompute each transformer block's activations in the backward instead
     of keeping them (less memory, about a third more forward arithmetic)."""
@@ -526,6 +532,10 @@ def check_gpus(recipe: Recipe) -> None:
     (the Ray cluster at ``ray_address`` is counted by ``launch.checks.check_ray_here``)."""
     if not recipe.rollout_num_gpus or (recipe.backend == "ray" and recipe.ray_address):
         return
+    from palaestra.devices import rehearsing
+
+    if rehearsing() and uses_ray(recipe):
+        return  # the run's own Ray instance declares the GPUs it rehearses on
     import torch
 
     found = torch.cuda.device_count()
@@ -600,8 +610,8 @@ class Qwen3_5_4B_Recipe(Recipe):
     The Gym trains it colocated, and so does this preset's layout: the learner sharded over all
     8 GPUs with its optimiser in host memory, the engines on the same GPUs, asleep during the
     update. ``TrainConfig.plan()`` shows that layout fitting 8 x 80 GB (``docs/plan.md``); one
-    unsharded float32 learner on one GPU does not fit 80 GB. GPU learner ranks and colocated
-    engines are not built yet, so launching it is refused (``check_sharding_runs``)."""
+    unsharded float32 learner on one GPU does not fit 80 GB. That layout has run only as a
+    rehearsal on CPUs (``PALAESTRA_DEVICE=cpu``, ``docs/sharding.md``), never on real GPUs."""
 
     rollout_batch_size: int = preset("rollout_batch_size", 16)
     n_samples_per_prompt: int = preset("n_samples_per_prompt", 8)
@@ -619,18 +629,29 @@ class Qwen3_5_4B_Recipe(Recipe):
 
 def check_sharding_runs(recipe: Recipe) -> None:
     """The learner layouts a recipe can describe (and ``TrainConfig.plan()`` can size) but the
-    run cannot build yet: GPU ranks over NCCL, and engines asleep on the learner's devices."""
-    if recipe.learner_ranks > 1 and recipe.rollout_num_gpus:
+    run cannot build: GPU ranks beside engines on GPUs of their own, and a colocated layout
+    whose ranks and engines do not pair up (a colocated layout has N > 1 GPUs: it runs on
+    Ray)."""
+    if recipe.learner_ranks <= 1:
+        return
+    n, ranks = recipe.rollout_num_gpus, recipe.learner_ranks
+    if recipe.colocate:
+        if n != ranks:
+            raise RecipeNotRunnableError(
+                f"colocate=True puts learner rank i and engine i on GPU i (on Ray): "
+                f"rollout_num_gpus={n} must equal actor_num_gpus_per_node={ranks}"
+            )
+        if "num_rollout_workers" in recipe.model_fields_set and recipe.num_rollout_workers != n:
+            raise RecipeNotRunnableError(
+                f"colocate=True runs one engine per GPU: num_rollout_workers="
+                f"{recipe.num_rollout_workers} must be {n} (rollout_num_gpus), or unset"
+            )
+        return
+    if n:
         raise RecipeNotRunnableError(
-            f"actor_num_gpus_per_node={recipe.actor_num_gpus_per_node} with "
-            f"rollout_num_gpus={recipe.rollout_num_gpus}: a sharded learner runs on CPU ranks "
-            "for now (rollout_num_gpus=0); GPU ranks over NCCL are not wired yet. "
-            "TrainConfig.plan() still sizes this layout"
-        )
-    if recipe.colocate and recipe.learner_ranks > 1:
-        raise RecipeNotRunnableError(
-            "colocate=True with a sharded learner (engines asleep through the update) is not "
-            "built yet; set colocate=False. TrainConfig.plan() still sizes this layout"
+            f"actor_num_gpus_per_node={ranks} with rollout_num_gpus={n} and colocate=False: "
+            "a sharded learner on GPUs runs colocated (colocate=True, backend='ray'); with "
+            "engines on GPUs of their own it is not built. TrainConfig.plan() still sizes it"
         )
 
 

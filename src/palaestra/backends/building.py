@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from palaestra.checkpoints import has_optimizer_state
+from palaestra.devices import torch_device_type
 from palaestra.engine import RolloutEngine
 from palaestra.engine.torch_engine import TorchEngine
 from palaestra.models.loading import compute_dtype, load_tokenizer
@@ -28,7 +29,9 @@ from palaestra.train.state import Start
 
 
 def device_of(config) -> str:
-    return "cuda" if config.recipe.rollout_num_gpus else "cpu"
+    """Where the run's engines and one-process learner compute: ``"cuda"`` for a GPU recipe,
+    ``"cpu"`` otherwise or in a rehearsal (``devices.torch_device_type``)."""
+    return torch_device_type(config.recipe.rollout_num_gpus)
 
 
 def starting_weights(config, start: Start) -> str:
@@ -105,9 +108,12 @@ def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) 
     """The engine of ``config``: the torch engine over ``model`` (the learner's module, or a
     worker's copy; in bfloat16, from a copy, where the precision asks), or vLLM loaded from the
     folder ``weights`` (what ``model`` was loaded from; a vLLM worker loads no ``model``)."""
+    from palaestra.launch.checks import colocated
+
     recipe = config.recipe
     device = device_of(config)
     dtype = compute_dtype(recipe.precision, device)
+    shared = colocated(recipe)  # asleep through each update
     if engine_kind(recipe, device) == "vllm":
         from palaestra.engine.vllm_engine import VLLMEngine
 
@@ -116,10 +122,13 @@ def make_engine(config, model: torch.nn.Module | None, tokenizer, weights: str) 
             tokenizer,
             dtype=str(dtype).removeprefix("torch."),
             seed=recipe.seed,
-            # Beside a learner on the same GPU: vLLM takes this share of its memory.
-            gpu_memory_utilization=VLLM_GPU_SHARE if recipe.rollout_num_gpus == 1 else 0.9,
+            # Beside a learner (or a learner's rank) on the same GPU: this share of its memory.
+            gpu_memory_utilization=VLLM_GPU_SHARE
+            if recipe.rollout_num_gpus == 1 or shared
+            else 0.9,
             lora_rank=recipe.lora_rank,
             lora_alpha=recipe.lora_alpha,
+            sleep_mode=shared,
         )
     return TorchEngine(model, tokenizer, dtype=None if dtype == torch.float32 else dtype)
 

@@ -73,15 +73,19 @@ def build_ray(config, start: Start):
     cluster = RayCluster.connect(recipe)
     try:
         remote_config = without_reward(config)
+        group = None
         if recipe.learner_ranks > 1:  # the learner sharded over rank actors
-            from palaestra.backends.ray_sharded import start_ranks
+            from palaestra.backends.ray_sharded import colocated_group, start_ranks
 
-            learner = start_ranks(cluster, remote_config, start)
+            group = colocated_group(cluster, recipe)  # None: the split layout
+            learner = start_ranks(cluster, remote_config, start, group)
         else:
             learner = RayLearner(cluster.start_learner(remote_config, start), ObjectStoreSync())
-        workers = cluster.start_workers(remote_config)
+        workers = cluster.start_workers(remote_config, group)
         threads = cluster.share_cores(learner.actor, workers)
         pool = WorkerPool(workers, threads, learner, cluster)
+        if group is not None:  # the engines sleep through each update
+            learner.colocate_with(pool)
         # The first sync sends every tensor (a worker starts from the model's own weights,
         # not the run's checkpoint, which may live on another machine).
         pool.update_weights(learner.weights(everything=True), start.state.step)
@@ -131,10 +135,14 @@ class RayCluster:
     def _init(ray, recipe, runtime_env: dict) -> str:
         """Start or join Ray; where the run now is, in words."""
         if recipe.ray_address is None:
+            from palaestra.devices import rehearsing
+
             need = gpu_layout(recipe).workers * recipe.ray_cpus_per_worker
             ray.init(
                 address="local",  # its own instance, even beside another on this machine
                 num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
+                # A rehearsal declares the recipe's GPUs: Ray places them, torch uses the CPU.
+                num_gpus=recipe.rollout_num_gpus if rehearsing() else None,
                 include_dashboard=False,
                 runtime_env=runtime_env or None,
             )
@@ -168,10 +176,11 @@ class RayCluster:
         self.actors.append(actor)
         return actor
 
-    def start_workers(self, config) -> list:
+    def start_workers(self, config, group=None) -> list:
         """``num_rollout_workers`` rollout workers, spread over the nodes, once Ray has room
-        for all of them (a RecipeNotRunnableError saying what is missing, if it never does)."""
-        from ray.util.placement_group import placement_group
+        for all of them (a RecipeNotRunnableError saying what is missing, if it never does).
+        With a colocated ``group`` (``ray_sharded.colocated_group``), worker i goes in its
+        bundle i, beside learner rank i."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         recipe = config.recipe
@@ -180,16 +189,8 @@ class RayCluster:
         bundle = {"CPU": recipe.ray_cpus_per_worker}
         if layout.per_worker:
             bundle["GPU"] = layout.per_worker
-        group = placement_group([bundle] * count, strategy="SPREAD")
-        self.groups.append(group)
-        try:
-            self.ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except self.ray.exceptions.GetTimeoutError:
-            raise RecipeNotRunnableError(
-                f"Ray could not place {count} rollout worker(s) of {bundle} each within "
-                f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {self.ray.available_resources()} "
-                "free. Lower num_rollout_workers or ray_cpus_per_worker, or add nodes"
-            ) from None
+        if group is None:
+            group = self.place([bundle] * count, "SPREAD", f"{count} rollout worker(s)")
         workers = []
         places = [PlacementGroupSchedulingStrategy(group, index) for index in range(count)]
         overlays = self.overlay_options(places)
@@ -204,6 +205,23 @@ class RayCluster:
             workers.append(actor_class.remote(config, index))
         self.actors += workers
         return workers
+
+    def place(self, bundles: list[dict], strategy: str, what: str):
+        """A placement group of ``bundles``, once Ray has room for it (a RecipeNotRunnableError
+        saying what is missing, if it never does)."""
+        from ray.util.placement_group import placement_group
+
+        group = placement_group(bundles, strategy=strategy)
+        self.groups.append(group)
+        try:
+            self.ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RecipeNotRunnableError(
+                f"Ray could not place {what} of {bundles[0]} each within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {self.ray.available_resources()} "
+                "free. Lower num_rollout_workers or ray_cpus_per_worker, or add nodes"
+            ) from None
+        return group
 
     def overlay_options(self, places: list) -> list[dict]:
         """Per place (a scheduling strategy): the ``runtime_env`` that runs an actor there in
@@ -606,6 +624,13 @@ class RolloutWorker(ActorBase):
 
     def digest(self, dtype: torch.dtype) -> str:
         return parameters_digest(self.engine.model, dtype)
+
+    def sleep(self) -> int:
+        """Free what the engine can rebuild while a learner rank trains on its GPU; bytes."""
+        return self.engine.sleep()
+
+    def wake(self) -> None:
+        self.engine.wake()
 
     def max_context(self) -> int:
         return self.engine.max_context

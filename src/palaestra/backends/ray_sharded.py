@@ -6,14 +6,28 @@ write into the run directory (the consolidated weights from rank 0, optimiser sh
 each), so they need its file system. Weights reach the rollout workers as the one learner's
 do: rank 0 puts every gathered tensor (float32 numpy arrays, which the object store holds
 without a copy) in one object that each worker loads, and the pool's checks apply unchanged.
+
+**Colocated** (``colocate=True``, ``rollout_num_gpus`` = the ranks): one placement group of N
+bundles of one GPU each, packed on the driver's node; learner rank i and rollout worker i share
+bundle i, half a GPU each in Ray's accounting. Each update runs with the engines asleep
+(``RolloutEngine.sleep``), and they wake before the weight sync; ``sleep_s``, ``wake_s`` and
+``sleep_freed_bytes`` land in the step's metrics. A rank's device is the GPU Ray gave its actor
+(``cuda:0`` within its ``CUDA_VISIBLE_DEVICES``), over NCCL; with ``PALAESTRA_DEVICE=cpu``
+(``devices.rehearsing``) the CPU over gloo. NCCL ranks and the colocated layout have only run
+in that rehearsal, never on a real GPU.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from palaestra.backends.ray import ActorBase, ObjectStoreSync, RemoteWeights
 from palaestra.backends.sharded import ShardedBuild
+from palaestra.devices import torch_device_type
+from palaestra.launch.checks import COLOCATED_SHARE, colocated
+from palaestra.recipes import RecipeNotRunnableError
 from palaestra.train.sharded_driver import BUCKET_BYTES, free_port, join_group
 from palaestra.train.state import Start
 
@@ -27,8 +41,16 @@ class LearnerRankActor(ActorBase):
         self.learner = None
 
     def join(self, port: int, config, start: Start) -> None:
+        # Ray's CUDA_VISIBLE_DEVICES holds only this actor's GPU (ray.get_gpu_ids()), so it
+        # is cuda:0 here, whatever the rank. Not yet run on a real GPU.
+        cuda = torch_device_type(config.recipe.rollout_num_gpus) == "cuda"
         self.learner = join_group(
-            self.rank, self.world, port, ShardedBuild(config, start), config.recipe
+            self.rank,
+            self.world,
+            port,
+            ShardedBuild(config, start),
+            config.recipe,
+            "cuda:0" if cuda else "cpu",
         )
 
     def train_step(self, samples_B, advantages_B) -> dict:
@@ -76,10 +98,63 @@ class RayShardedLearner:
         self.ranks = ranks
         self.actor = ranks[0]  # where the cluster asks the learner's whereabouts
         self.sync = sync
+        self.pool = None
+        """The rollout workers on the ranks' GPUs (colocated): asleep through each update."""
+
+    def colocate_with(self, pool) -> None:
+        """Share the ranks' GPUs with the rollout workers of ``pool`` (worker i beside rank i):
+        check that Ray put each pair on one GPU, say where, and sleep them through each update
+        from now on."""
+        ray = self.ray
+        pairs = list(zip(self.ranks, pool.workers, strict=True))
+        places = ray.get([a.__ray_call__.remote(placement) for pair in pairs for a in pair])
+        lines = []
+        for index in range(len(pairs)):
+            (group, gpus, rank_pid, _), worker = places[2 * index], places[2 * index + 1]
+            if (group, gpus) != worker[:2]:
+                raise RuntimeError(
+                    f"colocate: Ray placed learner rank {index} on GPU(s) {gpus} of placement "
+                    f"group {group}, and rollout worker {index} on {worker[1]} of {worker[0]}; "
+                    "they should share one"
+                )
+            lines.append(f"bundle {index}: GPU {gpus}, rank pid {rank_pid}, worker pid {worker[2]}")
+        devices = sorted({place[3] for place in places})
+        print(
+            f"ray: colocated on placement group {places[0][0]}, learner rank i and rollout "
+            f"worker i in bundle i: {'; '.join(lines)}; device {', '.join(devices)}",
+            flush=True,
+        )
+        self.pool = pool
 
     def train_step(self, samples_B, advantages_B) -> dict:
         samples_B, advantages_B = list(samples_B), list(advantages_B)
-        return self._all("train_step", samples_B, advantages_B)
+        if self.pool is None:
+            return self._all("train_step", samples_B, advantages_B)
+        started = time.monotonic()
+        freed = self._engines("sleep")
+        slept = time.monotonic()
+        metrics = self._all("train_step", samples_B, advantages_B)
+        trained = time.monotonic()
+        self._engines("wake")  # before the weight sync, which loads into awake engines
+        return metrics | {
+            "sleep_s": slept - started,
+            "wake_s": time.monotonic() - trained,
+            "sleep_freed_bytes": sum(n or 0 for n in freed),
+        }
+
+    def _engines(self, method: str) -> list:
+        """``method`` on every colocated engine. One that died is restarted by Ray and loaded
+        with the current weights by the pool (as when it dies sampling), then put back to
+        sleep: the update goes on."""
+        workers = self.pool.workers
+        refs = [getattr(worker, method).remote() for worker in workers]
+        answers = []
+        for index, ref in enumerate(refs):
+            answer = self.pool._await(index, ref)  # None: it died and was restarted
+            if answer is None and method == "sleep":
+                answer = self.ray.get(workers[index].sleep.remote())
+            answers.append(answer)
+        return answers
 
     def weights(self, everything: bool = False) -> RemoteWeights:
         try:
@@ -94,13 +169,18 @@ class RayShardedLearner:
         self._all("load", str(folder))
 
     def _all(self, method: str, *args):
+        """Rank 0's answer once every rank answered. Answers are taken as they come: a rank
+        that died fails the call at once, naming it, while the others wait for it in a
+        collective (until ``COLLECTIVE_TIMEOUT``, if nothing stopped them)."""
         refs = [getattr(rank, method).remote(*args) for rank in self.ranks]
-        answers = []
-        for index, ref in enumerate(refs):
+        index_of = {ref: index for index, ref in enumerate(refs)}
+        pending, answers = refs, {}
+        while pending:
+            (ref,), pending = self.ray.wait(pending, num_returns=1)
             try:
-                answers.append(self.ray.get(ref))
+                answers[index_of[ref]] = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as error:
-                raise self._died(error, index) from error
+                raise self._died(error, index_of[ref]) from error
         return answers[0]
 
     def _died(self, error: Exception, index: int | None = None) -> RuntimeError:
@@ -111,21 +191,67 @@ class RayShardedLearner:
         )
 
 
-def start_ranks(cluster, config, start: Start) -> RayShardedLearner:
-    """``recipe.learner_ranks`` rank actors on the driver's node, joined into one group, the
-    starting checkpoint's optimiser state loaded when it fits (as ``make_learner`` does)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+def placement(actor) -> tuple[str | None, list, int, str]:
+    """Where ``actor`` runs (called in it): its placement group, the GPU ids Ray assigned it,
+    its pid, and the device torch uses there (the rehearsal switch as the actor sees it)."""
+    import ray
+
+    from palaestra.devices import DEVICE_VAR, rehearsing
+
+    device = f"cpu ({DEVICE_VAR}=cpu)" if rehearsing() else "cuda"
+    context = ray.get_runtime_context()
+    return context.get_placement_group_id(), ray.get_gpu_ids(), os.getpid(), device
+
+
+def colocated_group(cluster, recipe):
+    """For a colocated recipe, the placement group its ranks and engines share: N bundles of
+    {GPU: 1, CPU: ray_cpus_per_worker}, packed on the driver's node (rank 0 listens on its
+    loopback, and the checkpoint's ranks write into the run directory). None otherwise."""
+    if not colocated(recipe):
+        return None
+    n = recipe.rollout_num_gpus
+    bundle = {"GPU": 1, "CPU": recipe.ray_cpus_per_worker}
+    group = cluster.place([bundle] * n, "STRICT_PACK", f"{n} colocated learner rank(s) + engine")
+    from ray.util.placement_group import placement_group_table
+
+    nodes = set(placement_group_table(group)["bundles_to_node_id"].values())
+    if nodes != {cluster.driver_node}:
+        raise RecipeNotRunnableError(
+            f"colocate=True: Ray placed the {n} GPUs on node {nodes.pop()}, not on the node "
+            "that runs the driver; launch the run from the node with the GPUs (the learner's "
+            "ranks meet on its loopback and write checkpoints to its run directory)"
+        )
+    return group
+
+
+def start_ranks(cluster, config, start: Start, group=None) -> RayShardedLearner:
+    """``recipe.learner_ranks`` rank actors on the driver's node (rank i in bundle i of a
+    colocated ``group``), joined into one group, the starting checkpoint's optimiser state
+    loaded when it fits (as ``make_learner`` does)."""
+    from ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy,
+    )
 
     from palaestra.checkpoints import has_optimizer_state, is_adapter_checkpoint
 
     recipe = config.recipe
     world = recipe.learner_ranks
-    actor_class = cluster.ray.remote(LearnerRankActor).options(
-        num_cpus=0,  # the loop never trains while the workers sample
-        scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.driver_node, soft=False),
-        max_restarts=0,
-    )
-    ranks = [actor_class.remote(rank, world) for rank in range(world)]
+    actor_class = cluster.ray.remote(LearnerRankActor)
+    # No CPU reserved: the loop never trains while the workers sample.
+    common = {"num_cpus": 0, "max_restarts": 0}
+    if group is None:
+        where = NodeAffinitySchedulingStrategy(cluster.driver_node, soft=False)
+        places = [{"scheduling_strategy": where}] * world
+    else:
+        places = [
+            {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, rank)}
+            | {"num_gpus": COLOCATED_SHARE}
+            for rank in range(world)
+        ]
+    ranks = [
+        actor_class.options(**common, **places[rank]).remote(rank, world) for rank in range(world)
+    ]
     cluster.actors += ranks
     port = free_port()  # on the driver's node, where rank 0 listens
     learner = RayShardedLearner(ranks, ShardedSync())

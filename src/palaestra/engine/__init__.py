@@ -4,7 +4,8 @@ importing this module loads neither, nor torch.
 
 An engine has three methods, so a backend can put it on another process or machine (a Ray actor,
 a vLLM engine) without the sampler noticing: ``generate_requests``, ``update_weights``, which
-takes weights (a name -> tensor mapping) and their version, never a module, and ``close``.
+takes weights (a name -> tensor mapping) and their version, never a module, and ``close``. A
+colocated layout also calls ``sleep`` and ``wake`` around each update.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Free what the engine holds beyond this process (remote workers); may be a no-op."""
+        ...
+
+    def sleep(self) -> int:
+        """Free the device memory the engine can rebuild (KV cache, buffers) while a learner
+        trains on its device (a colocated layout); bytes freed, as far as it can tell."""
+        ...
+
+    def wake(self) -> None:
+        """Ready to take weights and sample again after ``sleep``."""
         ...
 
 

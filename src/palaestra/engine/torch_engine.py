@@ -139,6 +139,23 @@ class TorchEngine:
         """Drop the packed weights; the module itself is the garbage collector's."""
         self._packed, self._packed_version = None, None
 
+    def sleep(self) -> int:
+        """Drop what the next pass rebuilds: the packed copy of the weights (the slot cache and
+        its buffers belong to each call's decoder, gone already) and, on CUDA, the allocator's
+        cached blocks. Bytes freed: the packed tensors'. The module's own weights stay."""
+        freed = tensor_bytes(self._packed, shared_with=self.model)
+        self._packed, self._packed_version = None, None
+        device = next(self.model.parameters()).device
+        if device.type == "cuda":
+            import torch.cuda
+
+            with torch.cuda.device(device):
+                torch.cuda.empty_cache()
+        return freed
+
+    def wake(self) -> None:
+        """Nothing to restore: the weights are packed again at the next pass."""
+
     def generate(self, prompts_P: list[list[int]], n: int, params) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), as ``completions_P_G``."""
         return self.generate_requests([GenerationRequest(p, n, params) for p in prompts_P])
@@ -314,3 +331,36 @@ def sampling_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module
         parameter.grad = None
         parameter.data = parameter.data.to(dtype)
     return clone
+
+
+def tensor_bytes(holder, shared_with: torch.nn.Module | None = None, depth: int = 3) -> int:
+    """Bytes of the distinct tensors ``holder`` holds (in its attributes, lists, tuples and
+    dicts, ``depth`` levels down): what dropping it frees. Shared storages count once, and
+    those of ``shared_with``'s parameters not at all (they outlive ``holder``)."""
+    seen: set[int] = set()
+    if shared_with is not None:
+        seen = {p.untyped_storage().data_ptr() for p in shared_with.parameters()}
+
+    def walk(item, level: int) -> int:
+        if isinstance(item, torch.Tensor):
+            try:
+                key, size = item.untyped_storage().data_ptr(), item.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # opaque (oneDNN-packed) tensors
+                key, size = id(item), item.numel() * item.element_size()
+            if key in seen:
+                return 0
+            seen.add(key)
+            return size
+        if level > depth or item is None or isinstance(item, (str, bytes, int, float)):
+            return 0
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        elif hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
+            children = list(vars(item).values())
+        else:
+            return 0
+        return sum(walk(child, level + 1) for child in children)
+
+    return walk(holder, 0)

@@ -71,6 +71,7 @@ class VLLMEngine:
         cpu_kv_cache_gib: float = 1.0,
         lora_rank: int = 0,
         lora_alpha: int | None = None,
+        sleep_mode: bool = False,
         **engine_kwargs: Any,
     ) -> None:
         # The engine core in this process: weight updates pass tensors, not pickles.
@@ -96,6 +97,10 @@ class VLLMEngine:
             self._adapters = tempfile.TemporaryDirectory(prefix="palaestra-vllm-lora-")
         from vllm.platforms import current_platform
 
+        # Sleep mode: a colocated engine frees its GPU for the learner during each update.
+        self.sleep_mode = sleep_mode and current_platform.is_cuda()
+        if self.sleep_mode:
+            engine_kwargs["enable_sleep_mode"] = True
         if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             engine_kwargs.setdefault("kv_cache_memory_bytes", int(cpu_kv_cache_gib * 2**30))
         threads = torch.get_num_threads()
@@ -221,6 +226,21 @@ class VLLMEngine:
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def sleep(self) -> int:
+        """vLLM's sleep mode, level 1 (weights offloaded to host memory, KV cache discarded)
+        where the engine was built with ``enable_sleep_mode`` on CUDA. vLLM's CPU build has no
+        sleep mode: a no-op there. Bytes freed: vLLM does not say, so 0. Never run on a real
+        GPU yet."""
+        if not self.sleep_mode:
+            return 0
+        self.llm.sleep(level=1)
+        return 0
+
+    def wake(self) -> None:
+        """Weights back on the GPU and the KV cache allocated, before the weight sync."""
+        if self.sleep_mode:
+            self.llm.wake_up()
 
     def close(self) -> None:
         """Shut vLLM's engine down and free what it holds (its KV cache, its workers)."""

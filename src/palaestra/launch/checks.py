@@ -33,10 +33,15 @@ def gpu_layout(recipe: Recipe) -> GpuLayout:
     - N > 1: one GPU for the learner, N - 1 for the rollout workers: by default one worker per
       GPU, each its own engine, so the tutorial's ``rollout_num_gpus=8`` samples on 7 GPUs
       while the 8th trains. Nothing is idle during sampling but the learner's GPU, and nothing
-      pays vLLM's sleep and wake each step. A colocated layout (every GPU samples, then sleeps
-      while training) would only pay off with a learner sharded over all of them.
+      pays vLLM's sleep and wake each step.
+    - Colocated (``colocate=True``, the learner sharded over the same N GPUs): N bundles of one
+      GPU, learner rank i and engine i in bundle i, ``COLOCATED_SHARE`` of it each (``learner``
+      is then per rank). The engines sleep through the update (``backends.ray_sharded``).
     """
     n = recipe.rollout_num_gpus
+    if colocated(recipe):
+        # Learner rank i and engine i share GPU i: half of it each in Ray's accounting.
+        return GpuLayout(COLOCATED_SHARE, n, COLOCATED_SHARE)
     chosen = "num_rollout_workers" in recipe.model_fields_set
     workers = recipe.num_rollout_workers if chosen or n <= 1 else n - 1
     if n == 0:
@@ -51,6 +56,16 @@ def gpu_layout(recipe: Recipe) -> GpuLayout:
             f"samples on one GPU; set num_rollout_workers={n - 1} (or leave it unset)"
         )
     return GpuLayout(1.0, workers, per_worker)
+
+
+COLOCATED_SHARE = 0.5
+"""The GPU share each of a colocated bundle's two actors (a learner rank, an engine) reserves."""
+
+
+def colocated(recipe: Recipe) -> bool:
+    """Whether ``recipe`` runs the colocated layout: a sharded learner whose ranks share the
+    engines' GPUs (``check_sharding_runs`` refuses the combinations that cannot)."""
+    return recipe.colocate and recipe.learner_ranks > 1 and recipe.rollout_num_gpus > 0
 
 
 def import_ray():
@@ -116,7 +131,14 @@ def cluster_gpus(address: str) -> int:
 
 
 def runtime_env_of(recipe: Recipe) -> dict[str, Any]:
-    """The job's ``runtime_env``: ``recipe.runtime_env``. ``image_overlay`` is no part of it: its
-    environment is built on each node and named per actor (``py_executable``), see
+    """The job's ``runtime_env``: ``recipe.runtime_env``, plus the rehearsal switch
+    (``PALAESTRA_DEVICE``) when this process has it: actors take their environment from Ray's
+    raylet, which a cluster started elsewhere never gave it. ``image_overlay`` is no part of it:
+    its environment is built on each node and named per actor (``py_executable``), see
     ``backends.ray``."""
-    return dict(recipe.runtime_env or {})
+    from palaestra.devices import rehearsal_env
+
+    env = dict(recipe.runtime_env or {})
+    if rehearsal_env():
+        env["env_vars"] = {**env.get("env_vars", {}), **rehearsal_env()}
+    return env

@@ -165,16 +165,22 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def join_group(rank: int, world: int, port: int, build, recipe: Recipe):
+def join_group(rank: int, world: int, port: int, build, recipe: Recipe, device=None):
     """This process as rank ``rank`` of the learner's group (rank 0 listening on ``port`` of
-    this machine): its device, the group, and its ``RankLearner`` built by ``build``."""
+    this machine): its device, the group, and its ``RankLearner`` built by ``build``.
+    ``device``: the caller's choice (a Ray actor's GPU); by default ``cuda:{rank}`` for a GPU
+    recipe on a machine with CUDA, else the CPU (and always the CPU in a rehearsal)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from palaestra.devices import torch_device_type
     from palaestra.train.sharded import RankLearner
 
-    cuda = torch.cuda.is_available() and recipe.rollout_num_gpus > 0
-    device = torch.device(f"cuda:{rank}" if cuda else "cpu")
+    if device is None:
+        cuda = torch_device_type(recipe.rollout_num_gpus) == "cuda" and torch.cuda.is_available()
+        device = f"cuda:{rank}" if cuda else "cpu"
+    device = torch.device(device)
+    cuda = device.type == "cuda"  # NCCL ranks: never run on a real GPU yet
     if cuda:
         torch.cuda.set_device(device)
     else:  # the machine's cores, shared among the ranks
