@@ -6,6 +6,8 @@ bfloat16 strays from float32 there.
                               [--engine auto] [--tokenizer DIR] [--json PATH]
     python bench/gpu_check.py --smoke   # tiny and both Qwen shapes scaled down, one small
                                         # float32 step each; on the CPU where torch sees no GPU
+    python bench/gpu_check.py --plan-only H100   # the Qwen models' plans on a named GPU, and
+                                                 # the fields each would train with; no GPU
 
 A real run records its result under bench/results/gpu_check/ (``bench/results.py``).
 
@@ -169,6 +171,27 @@ def fitting_fields(config_of, model_name: str) -> tuple[dict, object]:
     return fields, plan
 
 
+def plan_only(gpu: str, names: list[str], precision: str, steps: int) -> None:
+    """Each catalogue Qwen model's plans on ``gpu``, full fine-tuning and LoRA, and which the
+    check would train with: the choice made on a real GPU, made anywhere."""
+    for name in names:
+        if name not in MODELS:
+            raise SystemExit(f"--plan-only: plans the Qwen models only ({', '.join(MODELS)})")
+        model = MODELS[name][0]()
+        for fields in ({}, LORA_FIELDS):
+            config = train_config(model, precision, steps, 1, distinct_reward, FULL, fields)
+            plan = config.plan(gpu=gpu)
+            (row,) = plan.rows
+            verdict = "fits" if plan.fits else "does NOT fit"
+            print(
+                f"{name} on {plan.device_name}, {fields or 'full fine-tuning'}: peak "
+                f"{row.peak / 2**30:.1f} of {row.capacity / 2**30:.1f} GiB, {verdict}"
+            )
+            if plan.fits:
+                print(f"{name}: would train with {fields or 'full fine-tuning'}")
+                break
+
+
 def train_rows(config_of, fields: dict, engine: str) -> tuple[list[dict], str, str | None]:
     """The metrics rows of the run in this process, the engine it sampled with, and why vLLM
     was left for the torch engine (None when it was not): under ``engine="auto"`` a run that
@@ -324,8 +347,12 @@ def main() -> None:
     parser.add_argument(
         "--cpu", action="store_true", help="run the same checks on the CPU (to try the script)"
     )
+    parser.add_argument("--plan-only", metavar="GPU", default=None, help="plan on GPU, no run")
     add_arguments(parser)
     args = parser.parse_args()
+    if args.plan_only:
+        names = [n for n in args.models.split(",") if n in MODELS] or list(MODELS)
+        return plan_only(args.plan_only, names, args.precisions.split(",")[0], args.steps)
     smoke_defaults(args, parser, models="tiny,qwen3-4b,qwen3.5-4b", steps=1, precisions="float32")
     if args.smoke and not args.cpu and not torch.cuda.is_available():
         skip("the GPU", "torch sees no CUDA GPU: the checks run on the CPU")
