@@ -138,4 +138,6 @@ def build_model_dir(
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     del model
+    if device != "cpu":
+        torch.cuda.empty_cache()  # the learner loads it afresh; keep the GPU for the run
     return folder
