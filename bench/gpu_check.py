@@ -207,6 +207,11 @@ def train_rows(config_of, fields: dict, engine: str) -> tuple[list[dict], str, s
             raise
         why = f"{type(error).__name__}: {error}"[:300]
         print(f"vLLM failed ({why}); again on the torch engine")
+    import gc
+
+    gc.collect()  # what the failed engine held, before the torch engine's run allocates
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     rows = config_of({**fields, "rollout_engine": "torch"}).train().metrics()
     return rows, "torch", why
 
@@ -267,8 +272,11 @@ def check_model(
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         rows, used, fallback = train_rows(config_of, fields, engine)
+        wall_s = time.perf_counter() - started
+        if used != plan.layout.engine:  # the plan of the engine that did sample
+            plan = config_of({**fields, "rollout_engine": used}).plan()
         report[f"train_{precision}"] = {
-            "wall_s": time.perf_counter() - started,
+            "wall_s": wall_s,
             "fields": fields,
             "engine": used,
             "vllm_failure": fallback,
