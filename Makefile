@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 
-.PHONY: setup haiku number-guess test test-fast test-avx2 test-integration lint docs setup-vllm test-vllm bench-smoke
+.PHONY: setup haiku number-guess test test-fast test-avx2 test-integration lint docs setup-vllm test-vllm bench-smoke gpu-check
 
 setup: $(VENV)/.installed
 
@@ -63,6 +63,12 @@ test-integration: setup
 # Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
 bench-smoke: setup
 	$(PY) bench/smoke.py
+
+# On a CUDA machine, no network: GRPO steps of a tiny model, the embedded model and models of
+# Qwen3-4B's and Qwen3.5-4B's shapes with random weights, each plan beside the measured memory.
+GPU_CHECK_MODELS ?= tiny,embedded,qwen3-4b,qwen3.5-4b
+gpu-check: setup
+	$(PY) bench/gpu_check.py --models $(GPU_CHECK_MODELS) --precisions bfloat16
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench examples

@@ -1,9 +1,13 @@
-"""The torch path on a CUDA GPU: GRPO steps of a tiny model and of the embedded model, trained
-by the code a user's run uses, and how far bfloat16 strays from float32 there.
+"""A CUDA GPU: GRPO steps of a tiny model, the embedded model and models of Qwen3-4B's and
+Qwen3.5-4B's shapes with random weights, trained by the code a user's run uses, and how far
+bfloat16 strays from float32 there.
 
-    python bench/gpu_check.py [--models tiny,embedded] [--steps 3] [--tokenizer DIR] [--json PATH]
-    python bench/gpu_check.py --smoke   # the tiny model, one small float32 step; on the CPU
-                                        # where torch sees no GPU
+    python bench/gpu_check.py [--models tiny,embedded,qwen3-4b,qwen3.5-4b] [--steps 3]
+                              [--engine auto] [--tokenizer DIR] [--json PATH]
+    python bench/gpu_check.py --smoke   # tiny and both Qwen shapes scaled down, one small
+                                        # float32 step each; on the CPU where torch sees no GPU
+    python bench/gpu_check.py --plan-only H100   # the Qwen models' plans on a named GPU, and
+                                                 # the fields each would train with; no GPU
 
 A real run records its result under bench/results/gpu_check/ (``bench/results.py``).
 
@@ -17,6 +21,14 @@ For each model:
   and train seconds, generated tokens per second, loss, reward, and the gap between the
   sampler's and the learner's log-probs that every run logs (``sampler_logprob_abs_diff``).
   The first step is warm-up (kernel selection, allocator growth) and is reported apart.
+
+``qwen3-4b`` and ``qwen3.5-4b`` (``bench/model_shapes.py``) are built from the catalogue's
+shapes with random weights and no download, at full size on the GPU and scaled down (same
+config class and layer kinds, every width /32) under ``--smoke``. Before training, each prints
+``TrainConfig.plan()`` and takes the first of full fine-tuning or LoRA (``LORA_FIELDS``) that
+the plan says fits the device, then the plan's peak beside the measured one
+(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``). ``--engine auto`` samples
+with vLLM where it is installed and loads the architecture, with the torch engine otherwise.
 
 The tiny model is a 4-layer Llama built in code around the embedded model's tokenizer (from
 ``--tokenizer``, or the embedded model's converted folder); its random weights never write a
@@ -35,6 +47,7 @@ import time
 from pathlib import Path
 
 import torch
+from model_shapes import MODELS, build_model_dir
 from precision import precision_report
 from results import add_arguments, record, skip, smoke_defaults
 
@@ -99,19 +112,26 @@ def tiny_model_dir(tokenizer_dir: str, folder: Path) -> Path:
 
 
 FULL = {"prompts": 8, "samples": 8, "max_tokens": 64, "precision": (4, 8, 48)}
+LORA_FIELDS = {"lora_rank": 32, "lora_alpha": 64}
+"""What a 4B model trains with where the plan says full fine-tuning does not fit one GPU: a
+float32 learner holds ~16 bytes a parameter plus 4 for the KL reference (~75 GiB for 4B) before
+activations and the engine's copy; LoRA holds the float32 base and only the adapters' moments."""
+RANDOM_WEIGHTS = ("tiny", *MODELS)
+"""Models whose random weights never write a haiku: rewarded by distinct characters."""
+
 SMOKE = {"prompts": 2, "samples": 2, "max_tokens": 8, "precision": (1, 2, 8)}
 """A training step's prompts x samples and answer length, and the precision check's (prompts,
 samples, answer length): the real run's and the smoke run's."""
 
 
-def train_rows(
-    model_config, precision: str, steps: int, gpus: int, reward, size: dict = FULL
-) -> list[dict]:
-    """The metrics rows of a run of ``steps`` GRPO steps on ``gpus`` GPUs (0: the CPU),
-    trained in this process."""
+def train_config(
+    model_config, precision: str, steps: int, gpus: int, reward, size: dict, fields: dict
+):
+    """The TrainConfig of ``steps`` GRPO steps on ``gpus`` GPUs (0: the CPU), with ``fields``
+    over the recipe's."""
     from palaestra import HuggingFaceDataset, Recipe, TrainConfig, builtin_dataset
 
-    config = TrainConfig(
+    return TrainConfig(
         model=model_config,
         dataset=HuggingFaceDataset(
             hf_repo=str(builtin_dataset("haiku")),
@@ -129,15 +149,85 @@ def train_rows(
             precision=precision,
             save_interval=None,
             custom_rm_function=reward,
+            **fields,
         ),
         name=f"gpu-check-{precision}",
     )
-    return config.train().metrics()
+
+
+def fitting_fields(config_of, model_name: str) -> tuple[dict, object]:
+    """The first of full fine-tuning and LoRA whose plan fits the device, and its plan;
+    ``config_of(fields)`` gives the TrainConfig. Prints the plan and the choice."""
+    for fields in ({}, LORA_FIELDS):
+        plan = config_of(fields).plan()
+        if plan.fits:
+            break
+        print(f"{model_name}: the plan of {fields or 'full fine-tuning'} does not fit; next")
+    print(plan.table())
+    print(
+        f"{model_name}: training with {fields or 'full fine-tuning'}"
+        + ("" if plan.fits else " (NO layout fits; trying anyway)")
+    )
+    return fields, plan
+
+
+def plan_only(gpu: str, names: list[str], precision: str, steps: int) -> None:
+    """Each catalogue Qwen model's plans on ``gpu``, full fine-tuning and LoRA, and which the
+    check would train with: the choice made on a real GPU, made anywhere."""
+    for name in names:
+        if name not in MODELS:
+            raise SystemExit(f"--plan-only: plans the Qwen models only ({', '.join(MODELS)})")
+        model = MODELS[name][0]()
+        for fields in ({}, LORA_FIELDS):
+            config = train_config(model, precision, steps, 1, distinct_reward, FULL, fields)
+            plan = config.plan(gpu=gpu)
+            (row,) = plan.rows
+            verdict = "fits" if plan.fits else "does NOT fit"
+            print(
+                f"{name} on {plan.device_name}, {fields or 'full fine-tuning'}: peak "
+                f"{row.peak / 2**30:.1f} of {row.capacity / 2**30:.1f} GiB, {verdict}"
+            )
+            if plan.fits:
+                print(f"{name}: would train with {fields or 'full fine-tuning'}")
+                break
+
+
+def train_rows(config_of, fields: dict, engine: str) -> tuple[list[dict], str, str | None]:
+    """The metrics rows of the run in this process, the engine it sampled with, and why vLLM
+    was left for the torch engine (None when it was not): under ``engine="auto"`` a run that
+    fails on vLLM (an architecture it does not load) is run again on the torch engine."""
+    from palaestra.engine.vllm_engine import vllm_available
+
+    first = engine if engine != "auto" else ("vllm" if vllm_available() else "torch")
+    try:
+        rows = config_of({**fields, "rollout_engine": first}).train().metrics()
+        return rows, first, None
+    except Exception as error:
+        if engine != "auto" or first != "vllm":
+            raise
+        why = f"{type(error).__name__}: {error}"[:300]
+        print(f"vLLM failed ({why}); again on the torch engine")
+    import gc
+
+    gc.collect()  # what the failed engine held, before the torch engine's run allocates
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    rows = config_of({**fields, "rollout_engine": "torch"}).train().metrics()
+    return rows, "torch", why
 
 
 def step_summary(row: dict, size: dict = FULL) -> dict:
     tokens = row["response_length_mean"] * size["prompts"] * size["samples"]
-    keys = ("step", "step_s", "rollout_s", "train_s", "loss", "grad_norm", "reward_mean")
+    keys = (
+        "step",
+        "step_s",
+        "rollout_s",
+        "train_s",
+        "weight_sync_s",
+        "loss",
+        "grad_norm",
+        "reward_mean",
+    )
     summary = {k: row[k] for k in keys if k in row}
     summary["generated_tokens_per_s"] = tokens / row["rollout_s"]
     if "sampler_logprob_abs_diff" in row:
@@ -146,7 +236,13 @@ def step_summary(row: dict, size: dict = FULL) -> dict:
 
 
 def check_model(
-    name: str, model_config, steps: int, device: str, precisions: list[str], size: dict = FULL
+    name: str,
+    model_config,
+    steps: int,
+    device: str,
+    precisions: list[str],
+    size: dict = FULL,
+    engine: str = "auto",
 ) -> dict:
     from palaestra.models.loading import load_causal_lm, load_tokenizer
 
@@ -154,7 +250,7 @@ def check_model(
     tokenizer = load_tokenizer(weights, model_config.chat_template)
     model = load_causal_lm(weights, torch.float32).to(device)
     report: dict = {"model": name, "parameters": sum(p.numel() for p in model.parameters())}
-    score = distinct_characters if name == "tiny" else None
+    score = distinct_characters if name in RANDOM_WEIGHTS else None
     prompts, samples, max_tokens = size["precision"]
     report["precision"] = precision_report(
         model, tokenizer, prompts, samples, max_tokens, torch.bfloat16, score
@@ -163,15 +259,31 @@ def check_model(
     cuda = device == "cuda"
     if cuda:
         torch.cuda.empty_cache()
+    reward = distinct_reward if name in RANDOM_WEIGHTS else haiku_reward
     for precision in precisions:
+
+        def config_of(fields: dict, precision=precision):
+            gpus = 1 if cuda else 0
+            return train_config(model_config, precision, steps, gpus, reward, size, fields)
+
+        fields, plan = fitting_fields(config_of, f"{name} {precision}")
         if cuda:
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        reward = distinct_reward if name == "tiny" else haiku_reward
-        rows = train_rows(model_config, precision, steps, 1 if cuda else 0, reward, size)
+        rows, used, fallback = train_rows(config_of, fields, engine)
+        wall_s = time.perf_counter() - started
+        if used != plan.layout.engine:  # the plan of the engine that did sample
+            plan = config_of({**fields, "rollout_engine": used}).plan()
         report[f"train_{precision}"] = {
-            "wall_s": time.perf_counter() - started,
+            "wall_s": wall_s,
+            "fields": fields,
+            "engine": used,
+            "vllm_failure": fallback,
+            "plan_peak_gib": max(row.peak for row in plan.rows) / 2**30,
+            "plan_fits": plan.fits,
             "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0,
+            "reserved_gpu_mib": torch.cuda.max_memory_reserved() / 2**20 if cuda else 0.0,
             "steps": [step_summary(row, size) for row in rows],
         }
     return report
@@ -198,12 +310,21 @@ def print_report(report: dict) -> None:
         print(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
     for key in [k for k in report if k.startswith("train_")]:
         run = report[key]
-        print(f"\n{key}: {run['wall_s']:.1f} s in all, peak {run['peak_gpu_mib']:.0f} MiB on GPU")
-        print("| step | step s | rollout s | train s | tok/s | loss | grad norm | reward | gap |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(
+            f"\n{key} ({run['engine']} engine, {run['fields'] or 'full fine-tuning'}): "
+            f"{run['wall_s']:.1f} s in all; plan peak {run['plan_peak_gib']:.2f} GiB, measured "
+            f"{run['peak_gpu_mib'] / 1024:.2f} GiB allocated, "
+            f"{run['reserved_gpu_mib'] / 1024:.2f} GiB reserved on GPU"
+        )
+        print(
+            "| step | step s | rollout s | train s | sync s | tok/s | loss | grad norm "
+            "| reward | gap |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for s in run["steps"]:
             print(
                 f"| {s['step']} | {s['step_s']:.2f} | {s['rollout_s']:.2f} | {s['train_s']:.2f} "
+                f"| {s.get('weight_sync_s', float('nan')):.2f} "
                 f"| {s['generated_tokens_per_s']:.0f} | {s['loss']:.4f} | {s['grad_norm']:.3f} "
                 f"| {s['reward_mean']:.2f} "
                 f"| {s.get('sampler_logprob_abs_diff', float('nan')):.4f} |"
@@ -225,15 +346,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,embedded")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--engine", default="auto", choices=("auto", "torch", "vllm"), help="rollout engine"
+    )
     parser.add_argument("--tokenizer", default=None, help="folder with the tokenizer for tiny")
     parser.add_argument("--precisions", default="bfloat16,float32", help="training runs to make")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--cpu", action="store_true", help="run the same checks on the CPU (to try the script)"
     )
+    parser.add_argument("--plan-only", metavar="GPU", default=None, help="plan on GPU, no run")
     add_arguments(parser)
     args = parser.parse_args()
-    smoke_defaults(args, parser, models="tiny", steps=1, precisions="float32")
+    if args.plan_only:
+        names = [n for n in args.models.split(",") if n in MODELS] or list(MODELS)
+        return plan_only(args.plan_only, names, args.precisions.split(",")[0], args.steps)
+    smoke_defaults(args, parser, models="tiny,qwen3-4b,qwen3.5-4b", steps=1, precisions="float32")
     if args.smoke and not args.cpu and not torch.cuda.is_available():
         skip("the GPU", "torch sees no CUDA GPU: the checks run on the CPU")
         args.cpu = True
@@ -260,10 +388,19 @@ def main() -> None:
                 model_config = ModelConfig.from_pretrained(folder, name="tiny-llama")
             elif name == "embedded":
                 model_config = SmolLM2_135M()
+            elif name in MODELS:
+                tokenizer_dir = args.tokenizer or SmolLM2_135M().weights_path()
+                scaled = args.smoke or args.cpu  # a 4B model is never built on the CPU
+                folder = Path(scratch) / name
+                build_model_dir(name, tokenizer_dir, folder, scaled, device)
+                model_config = ModelConfig.from_pretrained(folder, name=name)
             else:
-                raise SystemExit(f"--models: unknown model {name!r} (tiny, embedded)")
+                known = ", ".join(("tiny", "embedded", *MODELS))
+                raise SystemExit(f"--models: unknown model {name!r} ({known})")
             precisions = args.precisions.split(",")
-            report = check_model(name, model_config, args.steps, device, precisions, size)
+            report = check_model(
+                name, model_config, args.steps, device, precisions, size, args.engine
+            )
             print_report(report)
             reports.append(report)
     problems = [p for r in reports for p in failures(r)]

@@ -32,7 +32,12 @@ from palaestra.engine.packed_linear import PackedLinears, packed_linears
 from palaestra.engine.padded_decoder import PassDecoder
 from palaestra.engine.sampling import row_seed, sample_next_tokens
 from palaestra.engine.slot_decoder import Decoder
-from palaestra.models.kv_cache import cache_argument, has_plain_attention, make_cache
+from palaestra.models.kv_cache import (
+    cache_argument,
+    has_plain_attention,
+    make_cache,
+    select_rows,
+)
 from palaestra.types import Completion
 
 
@@ -252,7 +257,7 @@ class TorchEngine:
         ).logits[:, -1]
         slot = {r: i for i, r in enumerate(unique)}
         expand = torch.tensor([slot[row.request] for row in rows], device=device)
-        cache.batch_select_indices(expand)
+        select_rows(cache, expand)
         logits_B_V = logits[expand]
         attention_mask = attention_mask.to(device)[expand]
         positions_B = torch.tensor([row.prompt_len for row in rows], device=device)
@@ -278,7 +283,7 @@ class TorchEngine:
                 return
             if len(keep) < len(active):
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
+                select_rows(cache, index)
                 attention_mask = attention_mask[index]
                 positions_B = positions_B[index]
                 active = [active[b] for b in keep]

@@ -10,7 +10,11 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import cache_utils
 from transformers.cache_utils import DynamicCache, DynamicLayer
+
+# Linear-attention cache layers (Qwen3.5's Gated DeltaNet); absent before transformers 5.
+LINEAR_LAYER = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -91,6 +95,17 @@ def make_cache(config, capacity: int) -> DynamicCache:
     if has_plain_attention(config):
         cache.layers = [PreallocatedLayer(capacity) for _ in cache.layers]
     return cache
+
+
+def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
+    """Keep (or repeat) rows ``indices`` of every layer of ``cache``. transformers'
+    ``batch_select_indices`` misses linear-attention layers: their convolution and recurrent
+    states (and the keys and values of a layer holding both) are selected by ``reorder_cache``."""
+    for layer in cache.layers:
+        if LINEAR_LAYER is not None and isinstance(layer, LINEAR_LAYER):
+            layer.reorder_cache(indices)
+        else:
+            layer.batch_select_indices(indices)
 
 
 def has_plain_attention(config) -> bool:
