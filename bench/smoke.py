@@ -51,7 +51,7 @@ BENCHES = (
 )
 """Cheapest first, so a broken import shows in seconds."""
 
-TOOLS = {"results", "render", "smoke"}
+TOOLS = {"results", "render", "smoke", "model_shapes"}
 """Scripts in bench/ that are not benchmarks."""
 
 
