@@ -92,6 +92,31 @@ def colocated(address: str, model_dir: Path, data: Path, gpus: int, **fields):
     )
 
 
+STATE = """
+import json, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+table = ray.util.placement_group_table()[sys.argv[2]]
+gpus, free = ray.cluster_resources()["GPU"], ray.available_resources().get("GPU", 0)
+print(json.dumps([{k: table[k] for k in ("state", "strategy", "bundles")}, gpus, free]))
+ray.shutdown()
+"""
+
+
+def cluster_state(address: str, group: str) -> tuple[dict, float, float]:
+    """The placement group ``group``'s table entry, the cluster's GPUs and its free GPUs, asked
+    from a child process (as the run's own check does: see ``launch.checks.cluster_gpus``)."""
+    out = subprocess.run(
+        [sys.executable, "-c", STATE, address, group],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    table, gpus, free = json.loads(out.strip().splitlines()[-1])
+    table["bundles"] = {int(k): v for k, v in table["bundles"].items()}
+    return table, gpus, free
+
+
 def launched(config, home: Path):
     run = config.launch()
     return run, home / "runs" / run.training_run_id
@@ -144,15 +169,10 @@ def test_the_eight_gpu_layout_runs_on_cpus(
     # bundle of one GPU, half of it each.
     assert sorted(gpus for gpus, _, _ in bundles) == [f"[{i}]" for i in range(8)]
     assert len({pid for _, rank, worker in bundles for pid in (rank, worker)}) == 16
-    ray.init(address=eight_gpu_cluster)
-    try:
-        table = ray.util.placement_group_table()[group]
-        assert table["state"] == "CREATED" and table["strategy"] == "STRICT_PACK"
-        assert list(table["bundles"].values()) == [{"GPU": 1.0, "CPU": 0.5}] * 8
-        used = ray.cluster_resources()["GPU"] - ray.available_resources().get("GPU", 0)
-        assert used == 8  # the 16 actors' halves
-    finally:
-        ray.shutdown()
+    table, gpus, free = cluster_state(eight_gpu_cluster, group)
+    assert table["state"] == "CREATED" and table["strategy"] == "STRICT_PACK"
+    assert list(table["bundles"].values()) == [{"GPU": 1.0, "CPU": 0.5}] * 8
+    assert gpus - free == 8  # the 16 actors' halves
     gate_path().touch()
     result = run.result(timeout=400)
     print(f"8-GPU rehearsal: {time.monotonic() - started:.0f} s from launch to the end")

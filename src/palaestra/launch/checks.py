@@ -113,21 +113,50 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def cluster_gpus(address: str) -> int:
-    """GPUs in the Ray cluster at ``address`` (``ray.cluster_resources()``), joining it briefly
-    when this process is not connected to Ray already."""
+CLUSTER_QUERY_TIMEOUT_S = 120.0
+
+CLUSTER_QUERY = """
+import logging, sys, ray
+ray.init(address=sys.argv[1], logging_level=logging.WARNING, log_to_driver=False)
+print(int(ray.cluster_resources().get("GPU", 0)), flush=True)
+ray.shutdown()
+"""
+
+
+def cluster_gpus(address: str, timeout_s: float = CLUSTER_QUERY_TIMEOUT_S) -> int:
+    """GPUs in the Ray cluster at ``address`` (``ray.cluster_resources()``). This process, when
+    connected to Ray already, answers itself; otherwise a child process joins the cluster
+    briefly and answers. Joining from this process would leave Ray's client state behind it,
+    and a process that had run Ray instances of its own was seen to wait without end to join
+    another cluster; the child also bounds the wait (``timeout_s``)."""
+    import subprocess
+    import sys
+
     ray = import_ray()
     if ray.is_initialized():
         return int(ray.cluster_resources().get("GPU", 0))
     if address != "auto":
         check_address(address)
-    import logging
-
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     try:
-        return int(ray.cluster_resources().get("GPU", 0))
-    finally:
-        ray.shutdown()
+        answer = subprocess.run(
+            [sys.executable, "-c", CLUSTER_QUERY, address],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise RecipeNotRunnableError(
+            f"ray_address={address!r}: joining the cluster to count its GPUs took over "
+            f"{timeout_s:.0f} s; check that its head is healthy (`ray status --address "
+            f"{address}`) and that this process has the cluster's token (RAY_AUTH_TOKEN)"
+        ) from None
+    lines = answer.stdout.split()
+    if answer.returncode != 0 or not lines or not lines[-1].isdigit():
+        raise RecipeNotRunnableError(
+            f"ray_address={address!r}: could not count the cluster's GPUs: "
+            f"{answer.stderr.strip()[-1500:] or answer.stdout.strip()[-500:]}"
+        )
+    return int(lines[-1])
 
 
 def runtime_env_of(recipe: Recipe) -> dict[str, Any]:
