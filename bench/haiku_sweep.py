@@ -81,8 +81,17 @@ def three_lines(text: str) -> bool:
 
 
 def config_for(
-    lr: float, temperature: float, length: int, steps: int, seed: int, smoke: bool = False
+    lr: float,
+    temperature: float,
+    length: int,
+    steps: int,
+    seed: int,
+    smoke: bool = False,
+    name: str | None = None,
+    **fields,
 ) -> TrainConfig:
+    """The tutorial's evaluated run with the swept fields set; ``fields`` are further recipe
+    fields (another bench's, e.g. ``max_staleness``) and ``name`` the run's name."""
     # A smoke run: one small step, scored on 4 test topics after it.
     small = SMOKE_RECIPE | {"eval_interval": 1} if smoke else {}
     recipe = (
@@ -99,13 +108,14 @@ def config_for(
             seed=seed,
         )
         | small
+        | fields
     )
     return TrainConfig(
         model=model,
         dataset=HaikuDataset(hf_split="train[:10]"),
         eval_dataset=HaikuDataset(hf_split="test[:4]" if smoke else "test"),
         recipe=SmolLM2_135M_Recipe(**recipe),
-        name=f"sweep-lr{lr:g}-t{temperature:g}-len{length}-seed{seed}",
+        name=name or f"sweep-lr{lr:g}-t{temperature:g}-len{length}-seed{seed}",
     )
 
 
