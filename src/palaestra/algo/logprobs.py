@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from palaestra.algo.casts import cast_weight, casting_once
+
 TOKEN_CHUNK = 512
 """Tokens per outer chunk: bounds a slice of logits at TOKEN_CHUNK x VOCAB_CHUNK floats."""
 VOCAB_CHUNK = 1024
@@ -73,10 +75,14 @@ def _logits(hidden_C_D, weight_v_D, bias_v, temperature: float) -> torch.Tensor:
 
 
 def _slice_params(weight_V_D, bias_V, vocab: slice, dtype):
-    """One vocabulary slice of the head in the compute dtype. The full weight stays float32:
-    casting it whole would cost a pass over it (and another for its gradient) per call, while
-    a slice is cast in cache."""
-    weight_v_D = weight_V_D[vocab].to(dtype)
+    """One vocabulary slice of the head in the compute dtype. Outside ``weights_cast_once``
+    the full weight stays float32, since casting it whole would cost a pass over it (and
+    another for its gradient) per call, while a slice is cast in cache; inside, the slice is a
+    view of the one cast copy of the weight."""
+    if casting_once():
+        weight_v_D = cast_weight(weight_V_D, dtype)[vocab]
+    else:
+        weight_v_D = weight_V_D[vocab].to(dtype)
     return weight_v_D, None if bias_V is None else bias_V[vocab].to(dtype)
 
 

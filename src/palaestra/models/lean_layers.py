@@ -14,8 +14,11 @@ repeats the keys and values for every query head, and the attention keeps the re
 on a CPU, ``gqa_attention`` reads the key/value heads as they are (the same bits).
 
 The gradients are the stock modules' (the backward formulas are written out below); under
-autocast the matmuls run in its dtype as ``nn.Linear`` would, and the weights are cast to it
-in the backward again rather than kept cast.
+autocast the matmuls run in its dtype as ``nn.Linear`` would. Each use of a weight casts it to
+that dtype, forward and backward, unless ``weights_cast_once`` is open: then a weight is cast
+once and the copy reused until the weight changes. A learner's update opens it around its
+micro-batches, in which every weight is used four times or more (a prompt pass and an answers
+pass per group, forward and backward), and the weights only change at the optimiser's step.
 
 With ``grads_in_place`` (the learner's passes), the weight gradients of these MLPs and of the
 attention's projections are added to the weights' ``.grad`` by the backward that computes them
@@ -42,6 +45,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from palaestra.algo.casts import cast_weight
 
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
 """MLPs computing ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
@@ -91,9 +96,9 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gate, b_gate, w_up, b_up, w_down, b_down, dtype, in_place):
         xc = x.to(dtype)
-        g = F.linear(xc, w_gate.to(dtype), _cast(b_gate, dtype))
-        u = F.linear(xc, w_up.to(dtype), _cast(b_up, dtype))
-        out = F.linear(F.silu(g) * u, w_down.to(dtype), _cast(b_down, dtype))
+        g = F.linear(xc, cast_weight(w_gate, dtype), _cast(b_gate, dtype))
+        u = F.linear(xc, cast_weight(w_up, dtype), _cast(b_up, dtype))
+        out = F.linear(F.silu(g) * u, cast_weight(w_down, dtype), _cast(b_down, dtype))
         ctx.save_for_backward(xc, g, u, w_gate, b_gate, w_up, b_up, w_down, b_down)
         ctx.x_dtype, ctx.in_place = x.dtype, in_place
         return out
@@ -110,7 +115,7 @@ class _SwiGLU(torch.autograd.Function):
             grads[5] = _weight_share(w_down, dy, (a * u).reshape(dy.shape[0], -1), ctx.in_place)
         if need[6]:
             grads[6] = dy.sum(0).to(b_down.dtype)
-        dp = dy @ w_down.to(dtype)  # d loss / d (silu(g) * u)
+        dp = dy @ cast_weight(w_down, dtype)  # d loss / d (silu(g) * u)
         du = dp * a.reshape(dp.shape)
         dg = torch.ops.aten.silu_backward(dp * u.reshape(dp.shape), g.reshape(dp.shape))
         x2 = xc.reshape(dy.shape[0], -1)
@@ -123,7 +128,7 @@ class _SwiGLU(torch.autograd.Function):
         if need[4]:
             grads[4] = du.sum(0).to(b_up.dtype)
         if need[0]:
-            dx = dg @ w_gate.to(dtype) + du @ w_up.to(dtype)
+            dx = dg @ cast_weight(w_gate, dtype) + du @ cast_weight(w_up, dtype)
             grads[0] = dx.reshape(xc.shape).to(ctx.x_dtype)
         return tuple(grads)
 
@@ -159,7 +164,7 @@ class _Linear(torch.autograd.Function):
         xc = x.to(dtype)
         ctx.save_for_backward(xc, weight)
         ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
-        return F.linear(xc, weight.to(dtype), _cast(bias, dtype))
+        return F.linear(xc, cast_weight(weight, dtype), _cast(bias, dtype))
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -171,7 +176,7 @@ class _Linear(torch.autograd.Function):
         grad_bias = dy.sum(0).to(ctx.bias_dtype) if need[2] else None
         grad_x = None
         if need[0]:
-            grad_x = (dy @ weight.to(dy.dtype)).reshape(xc.shape).to(ctx.x_dtype)
+            grad_x = (dy @ cast_weight(weight, dy.dtype)).reshape(xc.shape).to(ctx.x_dtype)
         return grad_x, None, grad_bias, None
 
 

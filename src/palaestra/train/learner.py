@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from palaestra.algo.casts import weights_cast_once
 from palaestra.algo.importance import importance_weights, ratio_metrics
 from palaestra.algo.losses import (
     LossScale,
@@ -189,17 +190,20 @@ class Learner:
             num_tokens, len(batch.advantages_B), len(micros), recipe.rollout_max_response_len
         )
         sums: dict[str, float] = defaultdict(float)
-        for micro in micros:
-            # What the rollout or the last micro-batch's passes freed goes back to the system
-            # first, so that the resident peak is this pass's, not the sum of every phase's.
-            release_free_memory()
-            micro = micro.to(self.device)
-            logprobs_B_T, entropy_B_T = score_tokens(
-                self.model, micro, recipe.rollout_temperature, self.dtype
-            )
-            loss = self._loss(micro, logprobs_B_T, entropy_B_T, scale, sums)
-            loss.backward()
-            del logprobs_B_T, entropy_B_T, loss
+        # The weights stay as they are until the optimiser's step: each is cast to the compute
+        # dtype once for all the micro-batches' passes (algo.casts), not at every use.
+        with weights_cast_once():
+            for micro in micros:
+                # What the rollout or the last micro-batch's passes freed goes back to the
+                # system first, so that the resident peak is this pass's, not every phase's.
+                release_free_memory()
+                micro = micro.to(self.device)
+                logprobs_B_T, entropy_B_T = score_tokens(
+                    self.model, micro, recipe.rollout_temperature, self.dtype
+                )
+                loss = self._loss(micro, logprobs_B_T, entropy_B_T, scale, sums)
+                loss.backward()
+                del logprobs_B_T, entropy_B_T, loss
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), recipe.max_grad_norm or float("inf")
         )
