@@ -3,46 +3,21 @@ not this machine's: a Ray instance that declares 2 GPUs, held by a process of it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from palaestra.launch.checks import check_ray_here
 from palaestra.recipes import Recipe, RecipeNotRunnableError, check_runnable_here
+from tests.support.ray_instances import held_ray_instance
 
-# Ray 2.60 authenticates by token: the instance and this process share one of their own.
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ.setdefault("RAY_AUTH_TOKEN", os.urandom(32).hex())
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
-
-HOLD = textwrap.dedent(
-    """
-    import sys, ray
-    context = ray.init(address="local", num_cpus=1, num_gpus=2, include_dashboard=False)
-    print(context.address_info["gcs_address"], flush=True)
-    sys.stdin.read()  # held until the test closes stdin
-    ray.shutdown()
-    """
-)
 
 
 @pytest.fixture(scope="module")
 def two_gpu_cluster():
     """The address of a Ray instance that declares 2 GPUs (logical: no GPU is used)."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        address = holder.stdout.readline().strip()
-        assert address, "the Ray instance did not start"
+    with held_ray_instance(num_cpus=1, num_gpus=2) as address:
         yield address
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=120)
 
 
 async def reward(args, sample, **kwargs) -> float:

@@ -13,9 +13,6 @@ import pytest
 from tests.support.tiny_runs import tiny_config, write_topics
 from tests.support.wheels import write_wheel
 
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ.setdefault("RAY_AUTH_TOKEN", os.urandom(32).hex())
-os.environ["RAY_COLOR_PREFIX"] = "0"
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 

@@ -28,12 +28,8 @@ from tests.support.tiny_runs import gate_path, gated_reward, tiny_config, wait_f
 
 # The cluster's nodes are 127.0.0.2 (the head) and 127.0.0.3 (a node that joins): loopback
 # addresses that Ray does not rewrite to the machine's network address, as it does 127.0.0.1,
-# so every connection stays on this machine. Its processes share a token of their own (Ray
-# 2.60 authenticates by token) rather than the user's ~/.ray one.
+# so every connection stays on this machine (the token they share is set in conftest.py).
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ["RAY_AUTH_TOKEN"] = os.urandom(32).hex()
-os.environ["RAY_COLOR_PREFIX"] = "0"
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -25,28 +24,11 @@ import torch
 from safetensors.torch import load_file
 
 from palaestra.runs.handles import RunFailedError
+from tests.support.ray_instances import held_ray_instance
 from tests.support.tiny_runs import gate_path, gated_reward, tiny_config, wait_for
 
-# Ray 2.60 authenticates by token: the instance and the runs share one of their own.
-os.environ["RAY_AUTH_MODE"] = "token"
-os.environ.setdefault("RAY_AUTH_TOKEN", os.urandom(32).hex())
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
-
-HOLD = textwrap.dedent(
-    """
-    import sys, ray
-    # 16 actors importing torch on 2 shared cores can starve the raylet's heartbeats past
-    # Ray's default 5 x 10 s; a node marked dead kills every actor.
-    health = {"health_check_failure_threshold": 30, "health_check_timeout_ms": 30000}
-    context = ray.init(
-        address="local", num_cpus=16, num_gpus=8, include_dashboard=False, _system_config=health
-    )
-    print(context.address_info["gcs_address"], flush=True)
-    sys.stdin.read()  # held until the test closes stdin
-    ray.shutdown()
-    """
-)
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +36,11 @@ def eight_gpu_cluster():
     """The address of a Ray instance that declares 8 GPUs (logical: none is used) and 16 CPUs.
     Started without the rehearsal switch, so an actor that has it got it from the run."""
     env = {k: v for k, v in os.environ.items() if k != "PALAESTRA_DEVICE"}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        address = holder.stdout.readline().strip()
-        assert address, "the Ray instance did not start"
+    # 16 actors importing torch on 2 shared cores can starve the raylet's heartbeats past
+    # Ray's default 5 x 10 s; a node marked dead kills every actor.
+    health = {"health_check_failure_threshold": 30, "health_check_timeout_ms": 30000}
+    with held_ray_instance(env, num_cpus=16, num_gpus=8, _system_config=health) as address:
         yield address
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=120)
 
 
 @pytest.fixture

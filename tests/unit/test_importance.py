@@ -181,3 +181,40 @@ def test_correction_without_sampler_logprobs_names_the_field(tokenizer):
     batch = dataclasses.replace(scored_batch(tokenizer, model, recipe), sampler_logprobs_B_T=None)
     with pytest.raises(ValueError, match="off_policy_correction='tis' needs the sampler's"):
         Learner(model, recipe).update(batch)
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_pi_old_from_the_updates_own_pass_equals_a_pass_before_it(tokenizer, correction):
+    """With one optimiser step, the learner takes pi_old from the update's own forward pass
+    (no second pass): over micro-batches of one sample, the same weights and the same ratio
+    figures as scoring pi_old first."""
+    recipe = Recipe(
+        lr=1e-3,
+        n_samples_per_prompt=4,
+        precision="float32",
+        off_policy_correction=correction,
+        train_micro_batch_size=1,
+    )
+    model_a = build_tiny_model(tokenizer)
+    model_b = copy.deepcopy(model_a)
+    # Ratios e^0.3, 1, e^-0.9 = 0.41 (below MIS's band [1/2, 2]), e^1 = 2.72 (TIS caps it,
+    # MIS masks it).
+    batch = scored_batch(tokenizer, model_a, recipe, shift_B=(0.3, 0.0, -0.9, 1.0))
+    before = Learner(model_a, recipe)
+    before.old_from_the_update = False
+    scored_first = before.update(batch)
+    calls = []
+    in_update = Learner(model_b, recipe)
+    in_update._policy_logprobs = lambda b: calls.append(b)  # must not be called
+    in_pass = in_update.update(batch)
+    assert calls == []
+    tokens_B = batch.mask_B_T.sum(-1)
+    out = "importance_capped_fraction" if correction == "tis" else "importance_masked_fraction"
+    outside = [3] if correction == "tis" else [2, 3]
+    assert in_pass[out] == pytest.approx(float(tokens_B[outside].sum() / tokens_B.sum()))
+    assert in_pass["importance_ratio_max"] == pytest.approx(math.exp(1.0), rel=1e-4)
+    assert in_pass["importance_ratio_min"] == pytest.approx(math.exp(-0.9), rel=1e-4)
+    for key, value in scored_first.items():
+        assert in_pass[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(a, b)

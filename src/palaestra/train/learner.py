@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import pickle
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -48,6 +49,13 @@ Scorer = Callable[[TrainBatch], torch.Tensor]
 class Learner:
     """Trains ``model`` (float32 master weights) by ``recipe``; ``tokenizer`` is saved beside
     the weights in each checkpoint, and its pad token pads batches."""
+
+    old_from_the_update = True
+    """With an off-policy correction and one optimiser step per rollout, ``pi_old`` (the
+    policy before the step) is what the step's own forward pass scores: its log-probs,
+    detached, serve, and the importance weights are taken per micro-batch, instead of a
+    second pass over the batch before the update. (A sharded learner scores it first, as its
+    ranks reduce only sums.)"""
 
     def __init__(
         self,
@@ -152,8 +160,12 @@ class Learner:
         old_B_T = batch.sampler_logprobs_B_T
         correction, weights_metrics = None, {}
         if recipe.off_policy_correction != "none":
-            old_B_T = self._policy_logprobs(batch)
-            correction, weights_metrics = off_policy_weights(batch, old_B_T, recipe)
+            require_sampler_logprobs(batch, recipe)
+            if recipe.num_steps_per_rollout == 1 and self.old_from_the_update:
+                old_B_T = None  # the update's own log-probs, detached (old_from_the_update)
+            else:
+                old_B_T = self._policy_logprobs(batch)
+                correction, weights_metrics = off_policy_weights(batch, old_B_T, recipe)
         elif (
             old_B_T is None and recipe.num_steps_per_rollout > 1 and recipe.loss_type != "sft_loss"
         ):
@@ -232,6 +244,9 @@ class Learner:
         old_B_T = micro.old_logprobs_B_T
         if old_B_T is None:
             old_B_T = logprobs_B_T.detach()
+        importance_B_T = micro.importance_B_T
+        if importance_B_T is None and recipe.off_policy_correction != "none":
+            importance_B_T = self._weights_here(micro, old_B_T, sums)
         if recipe.loss_type == "sft_loss":
             per_token_B_T = -logprobs_B_T
         elif recipe.loss_type == "cispo":
@@ -253,8 +268,8 @@ class Learner:
             )
         if recipe.loss_type != "sft_loss":
             sums["clipped"] += token_sum(clipped_B_T)
-        if micro.importance_B_T is not None:
-            per_token_B_T = per_token_B_T * micro.importance_B_T
+        if importance_B_T is not None:
+            per_token_B_T = per_token_B_T * importance_B_T
         loss = aggregate(per_token_B_T, mask_B_T, recipe.loss_type, scale)
 
         if recipe.entropy_coef > 0:
@@ -271,6 +286,31 @@ class Learner:
             sums["sampler_abs_diff"] += token_sum((logprobs_B_T - micro.sampler_logprobs_B_T).abs())
         sums["loss"] += float(loss.detach())
         return loss
+
+    def _weights_here(
+        self, micro: TrainBatch, old_B_T: torch.Tensor, sums: dict[str, float]
+    ) -> torch.Tensor:
+        """The importance weights of ``micro`` against ``old_B_T``, the update's own detached
+        log-probs (``old_from_the_update``); adds the ratio's sums, least and greatest to
+        ``sums`` for ``importance_metrics``."""
+        recipe = self.recipe
+        weights = importance_weights(
+            old_B_T,
+            micro.sampler_logprobs_B_T,
+            micro.mask_B_T,
+            recipe.off_policy_correction,
+            recipe.tis_cap,
+            recipe.importance_level,
+        )
+        selected = micro.mask_B_T > 0
+        ratios = weights.ratio_B_T[selected]
+        if ratios.numel():
+            sums["ratio_sum"] += float(ratios.sum())
+            sums["ratio_tokens"] += ratios.numel()
+            sums["ratio_out"] += float(weights.out_B_T[selected].sum())
+            sums["ratio_min"] = min(sums.get("ratio_min", math.inf), float(ratios.min()))
+            sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), float(ratios.max()))
+        return weights.weight_B_T
 
 
 def step_metrics(
@@ -290,7 +330,31 @@ def step_metrics(
         metrics["kl"] = sums["kl"] / num_tokens
     if batch.sampler_logprobs_B_T is not None:
         metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
+    if sums.get("ratio_tokens"):
+        metrics |= importance_metrics(sums, recipe.off_policy_correction)
     return metrics
+
+
+def importance_metrics(sums: dict[str, float], correction: str) -> dict[str, float]:
+    """``ratio_metrics``'s figures from the ratio's sums over an update's micro-batches."""
+    count = sums["ratio_tokens"]
+    name = "importance_capped_fraction" if correction == "tis" else "importance_masked_fraction"
+    return {
+        "importance_ratio_mean": sums["ratio_sum"] / count,
+        "importance_ratio_min": sums["ratio_min"],
+        "importance_ratio_max": sums["ratio_max"],
+        name: sums["ratio_out"] / count,
+    }
+
+
+def require_sampler_logprobs(batch: TrainBatch, recipe: Recipe) -> None:
+    """ValueError unless ``batch`` has the sampler's log-probs, which a correction needs."""
+    if batch.sampler_logprobs_B_T is None:
+        raise ValueError(
+            f"off_policy_correction={recipe.off_policy_correction!r} needs the sampler's "
+            "log-probs, and this step's samples came without them (the engine did not keep "
+            "them); set off_policy_correction='none'"
+        )
 
 
 def off_policy_weights(
@@ -298,12 +362,7 @@ def off_policy_weights(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The batch's importance weights of ``recipe.off_policy_correction`` against the
     sampler's log-probs, and the ratio's metrics."""
-    if batch.sampler_logprobs_B_T is None:
-        raise ValueError(
-            f"off_policy_correction={recipe.off_policy_correction!r} needs the sampler's "
-            "log-probs, and this step's samples came without them (the engine did not keep "
-            "them); set off_policy_correction='none'"
-        )
+    require_sampler_logprobs(batch, recipe)
     weights = importance_weights(
         old_B_T,
         batch.sampler_logprobs_B_T,

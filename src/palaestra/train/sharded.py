@@ -127,6 +127,8 @@ class RankLearner(Learner):
     micro-batches, on a policy sharded by ``shard``. Every method is collective: all ranks
     call it, in the same order, with the same arguments."""
 
+    old_from_the_update = False  # the ranks reduce sums only: pi_old is scored first
+
     def __init__(self, parts: RankParts, recipe: Recipe, mesh, device: torch.device) -> None:
         from palaestra.models.loading import compute_dtype
 
