@@ -178,6 +178,10 @@ def git_state() -> dict:
     }
 
 
+GIT_AT_START = git_state()
+"""The commit of the code this process loaded: a long bench may outlast a commit or two."""
+
+
 def build_record(
     bench: str,
     smoke: bool,
@@ -194,7 +198,7 @@ def build_record(
         "format": FORMAT,
         "bench": bench,
         "time_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        **git_state(),
+        **GIT_AT_START,
         "command": shlex.join(["python", *sys.argv]),
         "python_executable": sys.executable,
         "smoke": smoke,
