@@ -82,7 +82,7 @@ def build_ray(config, start: Start):
         else:
             learner = RayLearner(cluster.start_learner(remote_config, start), ObjectStoreSync())
         workers = cluster.start_workers(remote_config, group)
-        threads = cluster.share_cores(learner.actor, workers)
+        threads = cluster.share_cores(learner.actor, workers, recipe.max_staleness > 0)
         pool = WorkerPool(workers, threads, learner, cluster)
         if group is not None:  # the engines sleep through each update
             learner.colocate_with(pool)
@@ -93,6 +93,23 @@ def build_ray(config, start: Start):
         cluster.shutdown()
         raise
     return make_sampler(config, pool, data), learner
+
+
+def core_shares(where: list[tuple[str, int, int]], overlapped: bool) -> list[int]:
+    """Torch threads for the learner and each worker, from ``where``: (node, pid, the node's
+    cores) of the learner, then of each worker. A node's cores are shared among the workers
+    placed on it. The learner takes all of its node's while the run alternates (it never
+    trains while they sample); when the workers sample ahead of it (``overlapped``), it counts
+    as one more on its node, since threads beyond the cores make every pass there wait."""
+    per_node: dict[str, int] = {}
+    for node, _, _ in where[1:]:
+        per_node[node] = per_node.get(node, 0) + 1
+    if overlapped:
+        per_node[where[0][0]] = per_node.get(where[0][0], 0) + 1
+    threads = [max(1, cores // per_node.get(node, 1)) for node, _, cores in where]
+    if not overlapped:
+        threads[0] = where[0][2]
+    return threads
 
 
 class RayCluster:
@@ -240,17 +257,11 @@ class RayCluster:
             for python, variables in answers
         ]
 
-    def share_cores(self, learner, workers: list) -> list[int]:
-        """Torch threads per actor: a node's cores shared among the workers placed on it; the
-        learner, which never runs while they do, takes all of its node's. Returns the
-        workers'."""
+    def share_cores(self, learner, workers: list, overlapped: bool) -> list[int]:
+        """Torch threads per actor (``core_shares``), set on each; returns the workers'."""
         ray = self.ray
         where = ray.get([actor.whereabouts.remote() for actor in [learner, *workers]])
-        per_node: dict[str, int] = {}
-        for node, _, _ in where[1:]:
-            per_node[node] = per_node.get(node, 0) + 1
-        threads = [max(1, cores // per_node.get(node, 1)) for node, _, cores in where]
-        threads[0] = where[0][2]
+        threads = core_shares(where, overlapped)
         actors = [learner, *workers]
         ray.get([a.set_threads.remote(n) for a, n in zip(actors, threads, strict=True)])
         nodes = len({node for node, _, _ in where})
