@@ -11,6 +11,9 @@ Two places, each between its markers, nothing else in the file touched:
   row each, newest first.
 - README.md, between ``<!-- results:start -->`` and ``<!-- results:end -->``: one table, one
   row per benchmark, its latest run.
+- off-policy.md beside docs/benchmarks.md, between ``<!-- offpolicy:start -->`` and
+  ``<!-- offpolicy:end -->``: every run of every ``offpolicy`` result, one row per backend,
+  seed and staleness (left alone where that page does not exist).
 
 Smoke runs (``"smoke": true``) are left out. The output depends on the result files only, so
 rendering twice gives the same text and ``--check`` can compare.
@@ -28,6 +31,7 @@ from results import CPU_KINDS, FORMAT, REPO, RESULTS, cpu_kind
 
 DOCS_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
 README_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
+OFFPOLICY_MARKERS = ("<!-- offpolicy:start -->", "<!-- offpolicy:end -->")
 
 
 class RenderError(Exception):
@@ -163,6 +167,31 @@ def readme_body(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def offpolicy_body(records: list[dict]) -> str:
+    """Each run of the ``offpolicy`` results: how far it learnt and how fast, by backend, seed
+    and staleness."""
+    rows = []
+    for record in (r for r in records if r["bench"] == "offpolicy"):
+        figures = record["figures"]
+        for run in figures["runs"]:
+            key = (figures["backend"], run["seed"], run["max_staleness"], record["time_utc"])
+            rows.append(
+                (
+                    key,
+                    [figures["backend"], run["seed"], run["max_staleness"]]
+                    + [f"{run['test_score']:+.2f}", f"{run['three_lines_last5']:.0%}"]
+                    + [number(run["steps_per_minute"]), number(run["median"]["step_s"])]
+                    + [number(run["median"]["train_s"])]
+                    + [f"{record['time_utc'][:10]} {commit_text(record)}", kind_of(record)],
+                )
+            )
+    if not rows:
+        return "No offpolicy results yet."
+    header = ["backend", "seed", "max_staleness", "test score", "three lines (last 5 steps)"]
+    header += ["steps/min", "median step s", "median update s", "run", "CPU kind"]
+    return "\n".join(table(header, [row for _, row in sorted(rows, key=lambda r: r[0])]))
+
+
 def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
     """``text`` with what lies between ``markers`` replaced by ``body``."""
     start, end = markers
@@ -174,12 +203,16 @@ def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) 
 
 
 def render(results: Path, docs: Path, readme: Path, bench_dir: Path) -> dict[Path, str]:
-    """The new text of ``docs`` and ``readme`` (each must exist and hold its markers)."""
+    """The new text of ``docs`` and ``readme`` (each must exist and hold its markers), and of
+    the off-policy page beside ``docs`` where there is one."""
     records = load_results(results)
     bodies = {
         docs: (DOCS_MARKERS, docs_body(records, bench_dir)),
         readme: (README_MARKERS, readme_body(records)),
     }
+    offpolicy = docs.parent / "off-policy.md"
+    if offpolicy.is_file():
+        bodies[offpolicy] = (OFFPOLICY_MARKERS, offpolicy_body(records))
     rendered = {}
     for path, (markers, body) in bodies.items():
         if not path.is_file():

@@ -169,3 +169,33 @@ def test_a_record_is_written_atomically_where_asked_and_a_smoke_run_writes_nothi
     assert list(machine["cpu_flags"]) == ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]
     assert machine["cpu_kind"] == results.cpu_kind(machine["cpu_flags"])
     assert machine["cores"] >= 1 and machine["torch_threads"] >= 1
+
+
+def test_offpolicy_runs_fill_the_off_policy_page_beside_the_docs(files, bench_modules):
+    render, results = bench_modules
+    folder, docs, readme = files
+    record = fake("2026-12-05T10:00:00Z", "eeeeeee", "Xeon", AMX, 6.0)
+    run = {"test_score": -4.25, "three_lines_last5": 0.84, "steps_per_minute": 8.6}
+    timing = {"median": {"step_s": 6.4, "train_s": 4.99}}
+    record |= {
+        "bench": "offpolicy",
+        "figures": {
+            "backend": "ray",
+            "runs": [
+                run | timing | {"seed": 42, "max_staleness": 1, "test_score": -10.0},
+                run | timing | {"seed": 1, "max_staleness": 0},
+            ],
+        },
+    }
+    results.write_record(record, folder)
+    assert render.main(argv(folder, docs, readme)) == 0  # no off-policy.md there: left alone
+    assert not (docs.parent / "off-policy.md").exists()
+    page = docs.parent / "off-policy.md"
+    page.write_text("# Off\n<!-- offpolicy:start -->\n<!-- offpolicy:end -->\nend\n")
+    assert render.main(argv(folder, docs, readme)) == 0
+    assert rows(page.read_text())[1:] == [  # by backend, seed, staleness
+        "| ray | 1 | 0 | -4.25 | 84% | 8.6 | 6.4 | 4.99 | 2026-12-05 eeeeeee | AMX |",
+        "| ray | 42 | 1 | -10.00 | 84% | 8.6 | 6.4 | 4.99 | 2026-12-05 eeeeeee | AMX |",
+    ]
+    assert page.read_text().endswith("<!-- offpolicy:end -->\nend\n")
+    assert render.main(argv(folder, docs, readme, "--check")) == 0
