@@ -70,3 +70,24 @@ def build_endless_model_dir(path):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def samples_of(tokenizer, prompts, responses):
+    """One group of samples, a prompt and a response each, tokenized by ``tokenizer``."""
+    from palaestra.types import Sample
+
+    samples = []
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        samples.append(
+            Sample(
+                prompt=prompt,
+                response=response,
+                label=None,
+                metadata={},
+                index=i,
+                group_index=0,
+                prompt_token_ids=tokenizer(prompt, add_special_tokens=False).input_ids,
+                response_token_ids=tokenizer(response, add_special_tokens=False).input_ids,
+            )
+        )
+    return samples

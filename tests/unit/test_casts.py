@@ -9,8 +9,7 @@ import palaestra.algo.casts as casts
 from palaestra.algo.casts import cast_weight, casting_once, weights_cast_once
 from palaestra.train.batch import build_train_batch
 from palaestra.train.scoring import score_tokens
-from tests.support.tiny_models import build_tiny_model, build_tokenizer
-from tests.unit.test_logprobs import samples_of
+from tests.support.tiny_models import build_tiny_model, build_tokenizer, samples_of
 
 
 def test_a_weight_is_cast_once_until_it_changes():

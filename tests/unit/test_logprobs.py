@@ -19,8 +19,7 @@ from palaestra.recipes import Recipe
 from palaestra.train.batch import build_train_batch
 from palaestra.train.learner import Learner
 from palaestra.train.scoring import score_tokens
-from palaestra.types import Sample
-from tests.support.tiny_models import build_tiny_model, build_tokenizer
+from tests.support.tiny_models import build_tiny_model, build_tokenizer, samples_of
 
 # Float32 throughout unless a test says otherwise: the fast and plain paths differ only in the
 # order of summation, so they agree to float32 rounding: a few ulps of values near 4.5 (the
@@ -104,24 +103,6 @@ def test_chunked_logprobs_of_no_tokens_are_empty_with_zero_gradients():
     assert logprobs_N.shape == entropy_N.shape == (0,)
     (logprobs_N.sum() + entropy_N.sum()).backward()
     assert torch.equal(weight_V_D.grad, torch.zeros(6, 4))
-
-
-def samples_of(tokenizer, prompts, responses):
-    samples = []
-    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-        samples.append(
-            Sample(
-                prompt=prompt,
-                response=response,
-                label=None,
-                metadata={},
-                index=i,
-                group_index=0,
-                prompt_token_ids=tokenizer(prompt, add_special_tokens=False).input_ids,
-                response_token_ids=tokenizer(response, add_special_tokens=False).input_ids,
-            )
-        )
-    return samples
 
 
 @pytest.fixture(scope="module")
