@@ -44,9 +44,9 @@ def cast_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return weight
     if _casts is None:
         return weight.detach().to(dtype)
-    key = (id(weight), dtype)
+    key = (id(weight), dtype)  # unique while the entry holds the weight
     hit = _casts.get(key)
-    if hit is not None and hit[0] is weight and hit[1] == weight._version:
+    if hit is not None and hit[1] == weight._version:
         return hit[2]
     cast = weight.detach().to(dtype)
     _casts[key] = (weight, weight._version, cast)

@@ -91,19 +91,52 @@ def importance_weights(
     return ImportanceWeights(weight_B_T, ratio_B_T, out_B_T * mask_B_T.to(out_B_T.dtype))
 
 
-def ratio_metrics(weights: ImportanceWeights, mask_B_T: torch.Tensor, correction: str) -> dict:
-    """The ratio's spread over the masked tokens, and the share of them capped or masked:
-    ``importance_ratio_mean/min/max`` and ``importance_capped_fraction`` (TIS) or
-    ``importance_masked_fraction`` (MIS)."""
+def ratio_sums(weights: ImportanceWeights, mask_B_T: torch.Tensor) -> dict[str, float]:
+    """The ratio over the masked tokens as sums that add up across micro-batches
+    (``add_ratio_sums``): its sum, token count, least and greatest, and how many tokens were
+    capped or masked. Empty where no token is masked in."""
     selected = mask_B_T > 0
     ratios = weights.ratio_B_T[selected]
     if ratios.numel() == 0:
         return {}
-    share = float(weights.out_B_T[selected].sum()) / ratios.numel()
+    return {
+        "ratio_sum": float(ratios.sum()),
+        "ratio_tokens": float(ratios.numel()),
+        "ratio_out": float(weights.out_B_T[selected].sum()),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+    }
+
+
+def add_ratio_sums(total: dict[str, float], part: dict[str, float]) -> None:
+    """``part``'s ratio sums added into ``total`` (least and greatest combined)."""
+    for key, value in part.items():
+        if key not in total:
+            total[key] = value
+        elif key == "ratio_min":
+            total[key] = min(total[key], value)
+        elif key == "ratio_max":
+            total[key] = max(total[key], value)
+        else:
+            total[key] += value
+
+
+def ratio_metrics_of(sums: dict[str, float], correction: str) -> dict[str, float]:
+    """The ratio's spread and the share of tokens capped or masked, from ``ratio_sums``:
+    ``importance_ratio_mean/min/max`` and ``importance_capped_fraction`` (TIS) or
+    ``importance_masked_fraction`` (MIS); empty without tokens."""
+    if not sums.get("ratio_tokens"):
+        return {}
+    count = sums["ratio_tokens"]
     name = "importance_capped_fraction" if correction == "tis" else "importance_masked_fraction"
     return {
-        "importance_ratio_mean": float(ratios.mean()),
-        "importance_ratio_min": float(ratios.min()),
-        "importance_ratio_max": float(ratios.max()),
-        name: share,
+        "importance_ratio_mean": sums["ratio_sum"] / count,
+        "importance_ratio_min": sums["ratio_min"],
+        "importance_ratio_max": sums["ratio_max"],
+        name: sums["ratio_out"] / count,
     }
+
+
+def ratio_metrics(weights: ImportanceWeights, mask_B_T: torch.Tensor, correction: str) -> dict:
+    """``ratio_metrics_of`` one batch's weights."""
+    return ratio_metrics_of(ratio_sums(weights, mask_B_T), correction)

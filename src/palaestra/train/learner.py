@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import pickle
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -25,7 +24,13 @@ from pathlib import Path
 import torch
 
 from palaestra.algo.casts import weights_cast_once
-from palaestra.algo.importance import importance_weights, ratio_metrics
+from palaestra.algo.importance import (
+    add_ratio_sums,
+    importance_weights,
+    ratio_metrics,
+    ratio_metrics_of,
+    ratio_sums,
+)
 from palaestra.algo.losses import (
     LossScale,
     aggregate,
@@ -291,25 +296,9 @@ class Learner:
         self, micro: TrainBatch, old_B_T: torch.Tensor, sums: dict[str, float]
     ) -> torch.Tensor:
         """The importance weights of ``micro`` against ``old_B_T``, the update's own detached
-        log-probs (``old_from_the_update``); adds the ratio's sums, least and greatest to
-        ``sums`` for ``importance_metrics``."""
-        recipe = self.recipe
-        weights = importance_weights(
-            old_B_T,
-            micro.sampler_logprobs_B_T,
-            micro.mask_B_T,
-            recipe.off_policy_correction,
-            recipe.tis_cap,
-            recipe.importance_level,
-        )
-        selected = micro.mask_B_T > 0
-        ratios = weights.ratio_B_T[selected]
-        if ratios.numel():
-            sums["ratio_sum"] += float(ratios.sum())
-            sums["ratio_tokens"] += ratios.numel()
-            sums["ratio_out"] += float(weights.out_B_T[selected].sum())
-            sums["ratio_min"] = min(sums.get("ratio_min", math.inf), float(ratios.min()))
-            sums["ratio_max"] = max(sums.get("ratio_max", -math.inf), float(ratios.max()))
+        log-probs (``old_from_the_update``); adds the ratio's sums to ``sums``."""
+        weights = recipe_weights(old_B_T, micro, self.recipe)
+        add_ratio_sums(sums, ratio_sums(weights, micro.mask_B_T))
         return weights.weight_B_T
 
 
@@ -330,21 +319,7 @@ def step_metrics(
         metrics["kl"] = sums["kl"] / num_tokens
     if batch.sampler_logprobs_B_T is not None:
         metrics["sampler_logprob_abs_diff"] = sums["sampler_abs_diff"] / num_tokens
-    if sums.get("ratio_tokens"):
-        metrics |= importance_metrics(sums, recipe.off_policy_correction)
-    return metrics
-
-
-def importance_metrics(sums: dict[str, float], correction: str) -> dict[str, float]:
-    """``ratio_metrics``'s figures from the ratio's sums over an update's micro-batches."""
-    count = sums["ratio_tokens"]
-    name = "importance_capped_fraction" if correction == "tis" else "importance_masked_fraction"
-    return {
-        "importance_ratio_mean": sums["ratio_sum"] / count,
-        "importance_ratio_min": sums["ratio_min"],
-        "importance_ratio_max": sums["ratio_max"],
-        name: sums["ratio_out"] / count,
-    }
+    return metrics | ratio_metrics_of(sums, recipe.off_policy_correction)
 
 
 def require_sampler_logprobs(batch: TrainBatch, recipe: Recipe) -> None:
@@ -363,7 +338,13 @@ def off_policy_weights(
     """The batch's importance weights of ``recipe.off_policy_correction`` against the
     sampler's log-probs, and the ratio's metrics."""
     require_sampler_logprobs(batch, recipe)
-    weights = importance_weights(
+    weights = recipe_weights(old_B_T, batch, recipe)
+    return weights.weight_B_T, ratio_metrics(weights, batch.mask_B_T, recipe.off_policy_correction)
+
+
+def recipe_weights(old_B_T: torch.Tensor, batch: TrainBatch, recipe: Recipe):
+    """``importance_weights`` of ``batch`` against ``old_B_T``, by the recipe's correction."""
+    return importance_weights(
         old_B_T,
         batch.sampler_logprobs_B_T,
         batch.mask_B_T,
@@ -371,7 +352,6 @@ def off_policy_weights(
         recipe.tis_cap,
         recipe.importance_level,
     )
-    return weights.weight_B_T, ratio_metrics(weights, batch.mask_B_T, recipe.off_policy_correction)
 
 
 def check_moment_shapes(moments: dict, params: list[torch.Tensor]) -> None:
