@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
@@ -270,3 +271,49 @@ def test_a_weight_used_twice_has_its_gradient_before_its_last_use_is_differentia
     out.backward()  # the second use is differentiated first
     assert seen == [in_place]
     assert mlp.down_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_bfloat16_pass_to_be_differentiated_attends_in_float32_even_under_autocast(dtype):
+    # Under autocast a model's queries arrive in float32 (the rotary embedding's float32 cos
+    # and sin promote them) and SDPA would cast them to bfloat16; without it, in bfloat16.
+    from palaestra.models.lean_layers import gqa_attention
+
+    class Layer(torch.nn.Module):
+        num_key_value_groups = 3
+        is_causal = True
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = {"query": (2, 6, 5, 8), "key": (2, 2, 9, 8), "value": (2, 2, 9, 8)}
+    leaves = {
+        name: torch.randn(shape, generator=generator).bfloat16().to(dtype).requires_grad_()
+        for name, shape in shapes.items()
+    }
+    mask = torch.ones(5, 9, dtype=torch.bool).tril(4)[None, None].expand(2, 1, 5, 9)
+    grad_out = torch.randn(2, 5, 6, 8, generator=generator).bfloat16()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = gqa_attention(Layer(), *leaves.values(), mask, scaling=8**-0.5)
+    out.backward(grad_out)
+
+    # The reference: SDPA over the same numbers in float32, rounded to bfloat16 once.
+    refs = {name: leaf.detach().float().requires_grad_() for name, leaf in leaves.items()}
+    expected = F.scaled_dot_product_attention(
+        *refs.values(), attn_mask=mask, scale=8**-0.5, enable_gqa=True
+    ).transpose(1, 2)
+    expected.backward(grad_out.float())
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected.bfloat16())
+    for name, leaf in leaves.items():
+        assert leaf.grad.dtype == dtype
+        assert torch.equal(leaf.grad, refs[name].grad.to(dtype)), name
+
+    # A pass nobody differentiates (scoring, sampling) keeps the pass's dtype throughout.
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        detached = [t.detach() for t in leaves.values()]
+        plain, _ = gqa_attention(Layer(), *detached, mask)
+        bf16_sdpa = F.scaled_dot_product_attention(
+            *(t.bfloat16() for t in detached), attn_mask=mask, enable_gqa=True
+        ).transpose(1, 2)
+    assert plain.dtype == torch.bfloat16
+    assert torch.equal(plain, bf16_sdpa)

@@ -11,7 +11,8 @@ An RMSNorm, ``w * (x / rms(x))``, keeps its input and its normalised output; ``r
 keeps the input and one reciprocal rms per token. And where attention has fewer key/value heads
 than query heads and a mask (a group's answers read their shared prompt's keys), transformers
 repeats the keys and values for every query head, and the attention keeps the repeated copies;
-on a CPU, ``gqa_attention`` reads the key/value heads as they are (the same bits).
+on a CPU, ``gqa_attention`` reads the key/value heads as they are (the same bits), and attends
+in float32 where a bfloat16 pass will be differentiated (its backward is the faster one there).
 
 The gradients are the stock modules' (the backward formulas are written out below); under
 autocast the matmuls run in its dtype as ``nn.Linear`` would. Each use of a weight casts it to
@@ -220,14 +221,36 @@ LEAN_ATTENTION = "palaestra_lean_sdpa"
 
 
 def gqa_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' SDPA attention, except that a masked pass on a CPU reads ``key`` and
-    ``value`` with their own (fewer) heads through SDPA's ``enable_gqa`` instead of repeated
-    for every query head. transformers repeats them whenever there is a mask, since on CUDA a
-    mask with ``enable_gqa`` falls back to the math kernel; on a CPU the result has the same
-    bits, and autograd keeps the unrepeated tensors."""
+    """transformers' SDPA attention, except on a CPU:
+
+    - a masked pass reads ``key`` and ``value`` with their own (fewer) heads through SDPA's
+      ``enable_gqa`` instead of repeated for every query head. transformers repeats them
+      whenever there is a mask, since on CUDA a mask with ``enable_gqa`` falls back to the math
+      kernel; on a CPU the result has the same bits, and autograd keeps the unrepeated tensors.
+    - a pass that autograd will differentiate and that would attend in bfloat16 or float16 (its
+      inputs' dtype, or autocast's) attends in float32 instead, outside autocast, and hands its
+      output back in that dtype. PyTorch's CPU flash-attention
+      backward is several times slower in bfloat16 than in float32 on these shapes (a group's
+      answers over their prompt: 6.8 against 1.8 ms on a 2-core AMX Xeon), while the casts
+      cost little; the result is float32 attention rounded once, not bfloat16 attention."""
+    if query.device.type != "cpu":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    dtype = _compute_dtype(query)  # under autocast, SDPA would run in autocast's dtype
+    if dtype in (torch.bfloat16, torch.float16) and query.requires_grad:
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+        with torch.autocast("cpu", enabled=False):
+            out, weights = _cpu_attention(
+                module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+            )
+        return out.to(dtype), weights
+    return _cpu_attention(module, query, key, value, attention_mask, **kwargs)
+
+
+def _cpu_attention(module, query, key, value, attention_mask, **kwargs):
     grouped = query.shape[1] != key.shape[1]
     plain = kwargs.get("softcap") is None and kwargs.get("position_bias") is None
-    if attention_mask is None or not grouped or not plain or query.device.type != "cpu":
+    if attention_mask is None or not grouped or not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     out = F.scaled_dot_product_attention(
         query,
