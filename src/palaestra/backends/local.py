@@ -22,7 +22,7 @@ from palaestra.backends.building import (
     tokenizer_of,
 )
 from palaestra.backends.sharded import CheckedSampler, make_sharded_learner
-from palaestra.engine.torch_engine import sampling_copy
+from palaestra.engine.torch_engine import TorchEngine, sampling_copy
 from palaestra.rollout.demonstrations import DemonstrationSampler
 from palaestra.rollout.sampler import GroupSampler
 from palaestra.train.learner import Learner
@@ -48,7 +48,7 @@ def build_local(
         # The engine samples from the learner's own tensors: a sync copies nothing, so there
         # is nothing that could go stale, and nothing to attest.
         return sampler, learner
-    return CheckedSampler(sampler, engine), learner
+    return CheckedSampler(sampler, engine, rest=rests(config, engine)), learner
 
 
 def build_sharded(config, start: Start, tokenizer, data) -> tuple[CheckedSampler, object]:
@@ -58,9 +58,19 @@ def build_sharded(config, start: Start, tokenizer, data) -> tuple[CheckedSampler
     try:
         model, _ = load_trainable_policy(config, start, device_of(config))
         engine = make_engine(config, model, tokenizer, starting_weights(config, start))
-        sampler = CheckedSampler(make_sampler(config, engine, data), engine, learner)
+        sampler = CheckedSampler(
+            make_sampler(config, engine, data), engine, learner, rest=rests(config, engine)
+        )
         sampler.update_weights(learner.weights(everything=True), start.state.step)
     except BaseException:
         learner.close()
         raise
     return sampler, learner
+
+
+def rests(config, engine) -> bool:
+    """Whether the run's torch engine sleeps after each rollout (``CheckedSampler.rest``): in
+    step (no sampling ahead), each rollout is followed by the update and then new weights, so
+    its packed weights are rebuilt anyway. Sampling ahead samples through the update, and
+    vLLM's sleep is its own (a colocated layout's)."""
+    return not config.recipe.max_staleness and isinstance(engine, TorchEngine)
