@@ -11,6 +11,8 @@ Two places, each between its markers, nothing else in the file touched:
   row each, newest first.
 - README.md, between ``<!-- results:start -->`` and ``<!-- results:end -->``: one table, one
   row per benchmark, its latest run.
+- docs/benchmarks.md, between ``<!-- goals:start -->`` and ``<!-- goals:end -->`` where it has
+  them: each speed goal (``GOALS``) against the latest run of its bench on each CPU kind.
 - off-policy.md beside docs/benchmarks.md, between ``<!-- offpolicy:start -->`` and
   ``<!-- offpolicy:end -->``: every run of every ``offpolicy`` result, one row per backend,
   seed and staleness (left alone where that page does not exist).
@@ -32,6 +34,65 @@ from results import CPU_KINDS, FORMAT, REPO, RESULTS, cpu_kind
 DOCS_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
 README_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
 OFFPOLICY_MARKERS = ("<!-- offpolicy:start -->", "<!-- offpolicy:end -->")
+GOALS_MARKERS = ("<!-- goals:start -->", "<!-- goals:end -->")
+
+
+def _ratio(record: dict, top: str, bottom: str) -> float | None:
+    """``top`` over ``bottom`` among a record's headline figures, where both are there."""
+    figures = record["headline"]
+    if not figures.get(top) or not figures.get(bottom):
+        return None
+    return figures[top] / figures[bottom]
+
+
+NATIVE_BF16 = ("AVX-512 BF16", "AMX")
+GOALS: list[tuple[str, str, object, str, dict[str, float]]] = [
+    # (goal, bench, its figure from a record, at most / at least, target per CPU kind)
+    (
+        "GRPO step / its floor",
+        "grpo_step",
+        lambda r: r["headline"].get("palaestra step / floor"),
+        "at most",
+        dict.fromkeys(CPU_KINDS, 1.5),
+    ),
+    (
+        "update / its floor",
+        "update_profile",
+        lambda r: r["headline"].get("update / floor"),
+        "at most",
+        dict.fromkeys(CPU_KINDS, 1.3),
+    ),
+    (
+        "torch engine / vLLM CPU, float32",
+        "generation",
+        lambda r: _ratio(r, "engine-fp32 tokens/s", "vllm-float32 tokens/s"),
+        "at least",
+        dict.fromkeys(CPU_KINDS, 1.0),
+    ),
+    (
+        "torch engine / vLLM CPU, bfloat16",
+        "generation",
+        lambda r: _ratio(r, "engine-bf16 tokens/s", "vllm-bfloat16 tokens/s"),
+        "at least",
+        dict.fromkeys(NATIVE_BF16, 1.0),
+    ),
+    (
+        "TRL float32 step / palaestra step",
+        "grpo_step",
+        lambda r: r["headline"].get("trl / palaestra"),
+        "at least",
+        {"AVX2-only": 2.2} | dict.fromkeys(NATIVE_BF16, 4.0),
+    ),
+    (
+        "TRL bfloat16 step / palaestra step",
+        "grpo_step",
+        lambda r: r["headline"].get("trl-bf16 / palaestra"),
+        "at least",
+        dict.fromkeys(NATIVE_BF16, 3.0),
+    ),
+]
+"""The speed goals the results are held against: each goal's figure in the latest run of its
+bench on each CPU kind. bfloat16 goals hold only where the CPU multiplies bfloat16 natively."""
 
 
 class RenderError(Exception):
@@ -192,6 +253,33 @@ def offpolicy_body(records: list[dict]) -> str:
     return "\n".join(table(header, [row for _, row in sorted(rows, key=lambda r: r[0])]))
 
 
+def goals_body(records: list[dict]) -> str:
+    """Each speed goal against the latest run of its bench on each CPU kind that has one."""
+    newest = latest(records)
+    rows = []
+    for goal, bench, figure_of, sense, targets in GOALS:
+        for kind, target in targets.items():
+            record = newest.get(bench, {}).get(kind)
+            value = None if record is None else figure_of(record)
+            if value is None:
+                rows.append([goal, kind, f"{sense} {number(target)}", "not measured", "", ""])
+                continue
+            met = value <= target if sense == "at most" else value >= target
+            run = f"`{bench}` {record['time_utc'][:10]} {commit_text(record)}"
+            rows.append(
+                [
+                    goal,
+                    kind,
+                    f"{sense} {number(target)}",
+                    number(round(value, 2)),
+                    "yes" if met else "no",
+                    run,
+                ]
+            )
+    header = ["goal", "CPU kind", "target", "measured", "met", "run"]
+    return "\n".join(table(header, rows))
+
+
 def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
     """``text`` with what lies between ``markers`` replaced by ``body``."""
     start, end = markers
@@ -203,21 +291,25 @@ def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) 
 
 
 def render(results: Path, docs: Path, readme: Path, bench_dir: Path) -> dict[Path, str]:
-    """The new text of ``docs`` and ``readme`` (each must exist and hold its markers), and of
-    the off-policy page beside ``docs`` where there is one."""
+    """The new text of ``docs`` and ``readme`` (each must exist and hold its markers; the goals'
+    markers in ``docs`` are optional), and of the off-policy page beside ``docs`` where there
+    is one."""
     records = load_results(results)
-    bodies = {
-        docs: (DOCS_MARKERS, docs_body(records, bench_dir)),
-        readme: (README_MARKERS, readme_body(records)),
-    }
+    parts = [
+        (docs, DOCS_MARKERS, docs_body(records, bench_dir)),
+        (readme, README_MARKERS, readme_body(records)),
+    ]
+    if docs.is_file() and GOALS_MARKERS[0] in docs.read_text():
+        parts.append((docs, GOALS_MARKERS, goals_body(records)))
     offpolicy = docs.parent / "off-policy.md"
     if offpolicy.is_file():
-        bodies[offpolicy] = (OFFPOLICY_MARKERS, offpolicy_body(records))
-    rendered = {}
-    for path, (markers, body) in bodies.items():
+        parts.append((offpolicy, OFFPOLICY_MARKERS, offpolicy_body(records)))
+    rendered: dict[Path, str] = {}
+    for path, markers, body in parts:
         if not path.is_file():
             raise RenderError(f"{path}: no such file (it needs {markers[0]} and {markers[1]})")
-        rendered[path] = replace_between(path.read_text(), markers, body, path)
+        text = rendered.get(path, path.read_text())
+        rendered[path] = replace_between(text, markers, body, path)
     return rendered
 
 

@@ -199,3 +199,35 @@ def test_offpolicy_runs_fill_the_off_policy_page_beside_the_docs(files, bench_mo
     ]
     assert page.read_text().endswith("<!-- offpolicy:end -->\nend\n")
     assert render.main(argv(folder, docs, readme, "--check")) == 0
+
+
+def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files, bench_modules):
+    render, results = bench_modules
+    folder, docs, readme = files
+    step = fake("2026-12-05T10:00:00Z", "fffffff", "Xeon", AMX, 6.0)
+    step["headline"] = {"palaestra step / floor": 1.4, "trl / palaestra": 2.84}
+    results.write_record(step, folder)
+    generation = fake("2026-12-05T11:00:00Z", "ggggggg", "EPYC", AVX2, 0.0)
+    generation["bench"] = "generation"
+    generation["headline"] = {"engine-fp32 tokens/s": 141.8, "vllm-float32 tokens/s": 165.9}
+    results.write_record(generation, folder)
+    docs.write_text(docs.read_text() + "\n## Goals\n<!-- goals:start -->\n<!-- goals:end -->\n")
+
+    assert render.main(argv(folder, docs, readme)) == 0
+    goals = docs.read_text().split("<!-- goals:start -->")[1].split("<!-- goals:end -->")[0]
+    table = {tuple(row.split(" | ")[:2]): row for row in rows(goals)}
+    run = "`grpo_step` 2026-12-05 fffffff"
+    assert table[("| GRPO step / its floor", "AMX")].endswith(f"| at most 1.5 | 1.4 | yes | {run} |")
+    assert table[("| GRPO step / its floor", "AVX2-only")].endswith("| not measured |  |  |")
+    assert table[("| TRL float32 step / palaestra step", "AMX")].endswith(
+        f"| at least 4 | 2.84 | no | {run} |"
+    )
+    assert table[("| torch engine / vLLM CPU, float32", "AVX2-only")].endswith(
+        "| at least 1 | 0.85 | no | `generation` 2026-12-05 ggggggg |"
+    )
+    # bfloat16 goals stand only where bfloat16 is native.
+    assert ("| torch engine / vLLM CPU, bfloat16", "AVX2-only") not in table
+    assert ("| TRL bfloat16 step / palaestra step", "AMX") in table
+    # The benchmarks' own section is rendered too, and --check agrees afterwards.
+    assert "fffffff" in docs.read_text().split("<!-- benchmarks:start -->")[1]
+    assert render.main(argv(folder, docs, readme, "--check")) == 0
