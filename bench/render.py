@@ -27,6 +27,7 @@ import argparse
 import ast
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from results import CPU_KINDS, FORMAT, REPO, RESULTS, cpu_kind
@@ -37,62 +38,47 @@ OFFPOLICY_MARKERS = ("<!-- offpolicy:start -->", "<!-- offpolicy:end -->")
 GOALS_MARKERS = ("<!-- goals:start -->", "<!-- goals:end -->")
 
 
-def _ratio(record: dict, top: str, bottom: str) -> float | None:
-    """``top`` over ``bottom`` among a record's headline figures, where both are there."""
-    figures = record["headline"]
-    if not figures.get(top) or not figures.get(bottom):
-        return None
-    return figures[top] / figures[bottom]
+@dataclass(frozen=True)
+class Goal:
+    """A speed goal: a headline figure of ``bench`` (or the ratio of two) ``sense`` (``<=``
+    or ``>=``) ``bound`` on each of ``kinds``."""
+
+    name: str
+    bench: str
+    figure: str | tuple[str, str]
+    sense: str
+    bound: float
+    kinds: tuple[str, ...] = CPU_KINDS
+
+    def value(self, record: dict) -> float | None:
+        figures = record["headline"]
+        top, bottom = self.figure if isinstance(self.figure, tuple) else (self.figure, None)
+        if not figures.get(top) or (bottom is not None and not figures.get(bottom)):
+            return None
+        return figures[top] / (figures[bottom] if bottom else 1)
+
+    def target(self) -> str:
+        return f"{'at most' if self.sense == '<=' else 'at least'} {number(self.bound)}"
+
+    def met(self, value: float) -> bool:
+        return value <= self.bound if self.sense == "<=" else value >= self.bound
 
 
-NATIVE_BF16 = ("AVX-512 BF16", "AMX")
-GOALS: list[tuple[str, str, object, str, dict[str, float]]] = [
-    # (goal, bench, its figure from a record, at most / at least, target per CPU kind)
-    (
-        "GRPO step / its floor",
-        "grpo_step",
-        lambda r: r["headline"].get("palaestra step / floor"),
-        "at most",
-        dict.fromkeys(CPU_KINDS, 1.5),
-    ),
-    (
-        "update / its floor",
-        "update_profile",
-        lambda r: r["headline"].get("update / floor"),
-        "at most",
-        dict.fromkeys(CPU_KINDS, 1.3),
-    ),
-    (
-        "torch engine / vLLM CPU, float32",
-        "generation",
-        lambda r: _ratio(r, "engine-fp32 tokens/s", "vllm-float32 tokens/s"),
-        "at least",
-        dict.fromkeys(CPU_KINDS, 1.0),
-    ),
-    (
-        "torch engine / vLLM CPU, bfloat16",
-        "generation",
-        lambda r: _ratio(r, "engine-bf16 tokens/s", "vllm-bfloat16 tokens/s"),
-        "at least",
-        dict.fromkeys(NATIVE_BF16, 1.0),
-    ),
-    (
-        "TRL float32 step / palaestra step",
-        "grpo_step",
-        lambda r: r["headline"].get("trl / palaestra"),
-        "at least",
-        {"AVX2-only": 2.2} | dict.fromkeys(NATIVE_BF16, 4.0),
-    ),
-    (
-        "TRL bfloat16 step / palaestra step",
-        "grpo_step",
-        lambda r: r["headline"].get("trl-bf16 / palaestra"),
-        "at least",
-        dict.fromkeys(NATIVE_BF16, 3.0),
-    ),
+STEP, TRL, TRL_BF16 = "palaestra step / floor", "trl / palaestra", "trl-bf16 / palaestra"
+ENGINE_F32 = ("engine-fp32 tokens/s", "vllm-float32 tokens/s")
+ENGINE_BF16 = ("engine-bf16 tokens/s", "vllm-bfloat16 tokens/s")
+AVX2, NATIVE_BF16 = ("AVX2-only",), ("AVX-512 BF16", "AMX")
+GOALS = [
+    Goal("GRPO step / its floor", "grpo_step", STEP, "<=", 1.5),
+    Goal("update / its floor", "update_profile", "update / floor", "<=", 1.3),
+    Goal("torch engine / vLLM CPU, float32", "generation", ENGINE_F32, ">=", 1.0),
+    Goal("torch engine / vLLM CPU, bfloat16", "generation", ENGINE_BF16, ">=", 1.0, NATIVE_BF16),
+    Goal("TRL float32 step / palaestra step", "grpo_step", TRL, ">=", 2.2, AVX2),
+    Goal("TRL float32 step / palaestra step", "grpo_step", TRL, ">=", 4.0, NATIVE_BF16),
+    Goal("TRL bfloat16 step / palaestra step", "grpo_step", TRL_BF16, ">=", 3.0, NATIVE_BF16),
 ]
-"""The speed goals the results are held against: each goal's figure in the latest run of its
-bench on each CPU kind. bfloat16 goals hold only where the CPU multiplies bfloat16 natively."""
+"""The speed goals the results are held against, each in the latest run of its bench on each
+CPU kind. bfloat16 goals hold only where the CPU multiplies bfloat16 natively."""
 
 
 class RenderError(Exception):
@@ -257,27 +243,17 @@ def goals_body(records: list[dict]) -> str:
     """Each speed goal against the latest run of its bench on each CPU kind that has one."""
     newest = latest(records)
     rows = []
-    for goal, bench, figure_of, sense, targets in GOALS:
-        for kind, target in targets.items():
-            record = newest.get(bench, {}).get(kind)
-            value = None if record is None else figure_of(record)
+    for goal in GOALS:
+        for kind in goal.kinds:
+            record = newest.get(goal.bench, {}).get(kind)
+            value = None if record is None else goal.value(record)
+            row = [goal.name, kind, goal.target()]
             if value is None:
-                rows.append([goal, kind, f"{sense} {number(target)}", "not measured", "", ""])
+                rows.append(row + ["not measured", "", ""])
                 continue
-            met = value <= target if sense == "at most" else value >= target
-            run = f"`{bench}` {record['time_utc'][:10]} {commit_text(record)}"
-            rows.append(
-                [
-                    goal,
-                    kind,
-                    f"{sense} {number(target)}",
-                    number(round(value, 2)),
-                    "yes" if met else "no",
-                    run,
-                ]
-            )
-    header = ["goal", "CPU kind", "target", "measured", "met", "run"]
-    return "\n".join(table(header, rows))
+            run = f"`{goal.bench}` {record['time_utc'][:10]} {commit_text(record)}"
+            rows.append(row + [number(round(value, 2)), "yes" if goal.met(value) else "no", run])
+    return "\n".join(table(["goal", "CPU kind", "target", "measured", "met", "run"], rows))
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) -> str:
