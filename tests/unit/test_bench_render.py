@@ -217,7 +217,8 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     goals = docs.read_text().split("<!-- goals:start -->")[1].split("<!-- goals:end -->")[0]
     table = {tuple(row.split(" | ")[:2]): row for row in rows(goals)}
     run = "`grpo_step` 2026-12-05 fffffff"
-    assert table[("| GRPO step / its floor", "AMX")].endswith(f"| at most 1.5 | 1.4 | yes | {run} |")
+    step_row = table[("| GRPO step / its floor", "AMX")]
+    assert step_row.endswith(f"| at most 1.5 | 1.4 | yes | {run} |")
     assert table[("| GRPO step / its floor", "AVX2-only")].endswith("| not measured |  |  |")
     assert table[("| TRL float32 step / palaestra step", "AMX")].endswith(
         f"| at least 4 | 2.84 | no | {run} |"

@@ -12,7 +12,7 @@ keeps the input and one reciprocal rms per token. And where attention has fewer 
 than query heads and a mask (a group's answers read their shared prompt's keys), transformers
 repeats the keys and values for every query head, and the attention keeps the repeated copies;
 on a CPU, ``gqa_attention`` reads the key/value heads as they are (the same bits), and attends
-in float32 where a bfloat16 pass will be differentiated (its backward is the faster one there).
+in float32 where a pass would attend in bfloat16 (the backward is the faster one there).
 
 The gradients are the stock modules' (the backward formulas are written out below); under
 autocast the matmuls run in its dtype as ``nn.Linear`` would. Each use of a weight casts it to
@@ -227,16 +227,17 @@ def gqa_attention(module, query, key, value, attention_mask, **kwargs):
       ``enable_gqa`` instead of repeated for every query head. transformers repeats them
       whenever there is a mask, since on CUDA a mask with ``enable_gqa`` falls back to the math
       kernel; on a CPU the result has the same bits, and autograd keeps the unrepeated tensors.
-    - a pass that autograd will differentiate and that would attend in bfloat16 or float16 (its
-      inputs' dtype, or autocast's) attends in float32 instead, outside autocast, and hands its
-      output back in that dtype. PyTorch's CPU flash-attention
-      backward is several times slower in bfloat16 than in float32 on these shapes (a group's
-      answers over their prompt: 6.8 against 1.8 ms on a 2-core AMX Xeon), while the casts
-      cost little; the result is float32 attention rounded once, not bfloat16 attention."""
+    - a pass that would attend in bfloat16 or float16 (its inputs' dtype, or autocast's)
+      attends in float32 instead, outside autocast, and hands its output back in that dtype.
+      PyTorch's CPU flash-attention backward is several times slower in bfloat16 than in
+      float32 on a learner's shapes (a group's answers over their prompt: 6.8 against 1.8 ms on
+      a 2-core AMX Xeon), while the casts cost little (the queries and keys arrive in float32
+      from the rotary embedding). Passes without gradients (a learner's scoring) attend the
+      same way, so that the log-probs they score are the ones the update computes again."""
     if query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     dtype = _compute_dtype(query)  # under autocast, SDPA would run in autocast's dtype
-    if dtype in (torch.bfloat16, torch.float16) and query.requires_grad:
+    if dtype in (torch.bfloat16, torch.float16):
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.float()
         with torch.autocast("cpu", enabled=False):
