@@ -35,7 +35,16 @@ def trained_rows_by_step(entries: list, seed: int) -> dict[int, list[int]]:
 
 @pytest.mark.parametrize(
     "staleness, fields",
-    [(0, {}), (2, {"off_policy_correction": "tis", "dynamic_sampling": True})],
+    [
+        (0, {}),
+        # One sequence a micro-batch: the tiny model's update, a few milliseconds whole, then
+        # lasts long enough for kill_at to find the main thread in it while the sampler samples
+        # ahead (with the default micro-batch, 2 runs of 3 ended before it was caught).
+        (
+            2,
+            {"off_policy_correction": "tis", "dynamic_sampling": True, "train_micro_batch_size": 1},
+        ),
+    ],
 )
 def test_kills_and_resumes_settle_every_prompt_once(
     home, tiny_model_dir, tmp_path, staleness, fields
