@@ -142,10 +142,17 @@ def kill_at(run: TrainingRun, moment: str, timeout: float = 60.0, seed: int = 0)
         return
     jitter = random.Random(seed)
     deadline = time.monotonic() + timeout
+    seen, where_seen = 0, []
     while time.monotonic() < deadline:
         now = where(run)
+        seen += 1
+        where_seen.append(now)
         if now is None:
-            raise AssertionError(f"the run ended before it was {moment}")
+            total = run.status_info().get("total_steps")
+            raise AssertionError(
+                f"the run ended before it was {moment} (step {last_logged_step(run)} of {total} "
+                f"logged, {seen} polls, {sorted(set(where_seen))})"
+            )
         if now == moment:
             os.kill(pid, signal.SIGKILL)
             wait_dead(pid, start)
