@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_models import build_tiny_model, build_tokenizer
+from tests.support.tiny_models import save_tiny_model_dir
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "ray", "vllm", "gpu")
@@ -44,11 +44,7 @@ def vllm_installed() -> bool:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An HF-format directory with a 2-layer, 32-wide Llama and the character tokenizer."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_tokenizer()
-    build_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture

@@ -142,16 +142,15 @@ def kill_at(run: TrainingRun, moment: str, timeout: float = 60.0, seed: int = 0)
         return
     jitter = random.Random(seed)
     deadline = time.monotonic() + timeout
-    seen, where_seen = 0, []
+    seen = []
     while time.monotonic() < deadline:
         now = where(run)
-        seen += 1
-        where_seen.append(now)
+        seen.append(now)
         if now is None:
             total = run.status_info().get("total_steps")
             raise AssertionError(
                 f"the run ended before it was {moment} (step {last_logged_step(run)} of {total} "
-                f"logged, {seen} polls, {sorted(set(where_seen))})"
+                f"logged, {len(seen)} polls, {sorted({str(m) for m in seen})})"
             )
         if now == moment:
             os.kill(pid, signal.SIGKILL)

@@ -58,6 +58,15 @@ def build_tiny_model(tokenizer, seed: int = 0, **overrides):
     return LlamaForCausalLM(LlamaConfig(**(fields | overrides)))
 
 
+def save_tiny_model_dir(path, **overrides):
+    """``build_tiny_model`` (``overrides`` change its LlamaConfig fields) and the character
+    tokenizer, saved as an HF-format directory at ``path``; returns ``path``."""
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, **overrides).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def build_endless_model_dir(path):
     """The tiny model with an 8192-token context that never ends on its own: its tokenizer's
     end-of-sequence token lies past the model's vocabulary, so it is never sampled and every

@@ -18,7 +18,7 @@ from tests.support.moments import (
     kill_while_saving,
     log_problems,
 )
-from tests.support.tiny_models import build_tiny_model, build_tokenizer
+from tests.support.tiny_models import save_tiny_model_dir
 from tests.support.tiny_runs import TOPICS, write_topics
 
 STEPS = 6
@@ -34,23 +34,17 @@ def trained_rows_by_step(entries: list, seed: int) -> dict[int, list[int]]:
     return {step: sorted(found) for step, found in rows.items()}
 
 
-def wider_model_dir(path):
-    """A 4-layer, 256-wide Llama with the character tokenizer: the update of a step takes long
-    enough to be caught in while a sampler samples ahead. On the 2-layer, 32-wide model, a run
-    ended before ``kill_at`` found the main thread in it in 5 of 10 runs on a 2-core machine,
-    and in 3 of 17 with one sequence a micro-batch; with this model, in 1 of 20."""
-    tokenizer = build_tokenizer()
-    model = build_tiny_model(
-        tokenizer,
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+# Sampling ahead trains a 4-layer, 256-wide model, one sequence a micro-batch: its update
+# lasts long enough to be caught in. On the 2-layer, 32-wide model, a run ended before kill_at
+# found the main thread in it in 5 of 10 runs on a 2-core machine (3 of 17 with one sequence a
+# micro-batch); on this one, in 1 of 20.
+WIDER = dict(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +62,7 @@ def test_kills_and_resumes_settle_every_prompt_once(
 ):
     data = write_topics(tmp_path / "topics.jsonl")
     if staleness:
-        tiny_model_dir = wider_model_dir(tmp_path / "wider-model")
+        tiny_model_dir = save_tiny_model_dir(tmp_path / "wider-model", **WIDER)
     config = evaluated_config(
         tiny_model_dir,
         data,
