@@ -184,21 +184,30 @@ def grouped_batch(tokenizer):
     return build_train_batch(samples, advantages, tokenizer.pad_token_id)
 
 
-def test_samples_of_one_prompt_share_its_pass_with_equal_results(tokenizer, grouped_batch):
+@pytest.mark.parametrize("attention, passes", [("sdpa", 3), ("eager", 5)])
+def test_samples_of_one_prompt_share_its_pass_with_equal_results(
+    tokenizer, grouped_batch, attention, passes
+):
     from palaestra.train.batch import prefix_groups
 
     # Contexts: the prompt less its last character (that one scores the first answer token).
     groups = prefix_groups(grouped_batch.input_ids_B_T, grouped_batch.mask_B_T > 0)
     assert groups == [([0, 1, 2], 15), ([3, 4, 5], 2), ([6], 21)]
 
-    fast_model = build_tiny_model(tokenizer, seed=9)
-    plain_model = build_tiny_model(tokenizer, seed=9)
+    fast_model = build_tiny_model(tokenizer, seed=9, attn_implementation=attention)
+    plain_model = build_tiny_model(tokenizer, seed=9, attn_implementation=attention)
     mask_B_T = grouped_batch.mask_B_T[:, :-1]
     upstream_B_T = torch.randn(mask_B_T.shape, generator=torch.Generator().manual_seed(0))
 
+    # The lone prompt's row runs alone; with SDPA both groups' prompts run in one pass and
+    # their answers in a second (a boolean mask keeps each row to its own prompt), with other
+    # attention each group runs its own two.
+    calls = []
+    fast_model.get_decoder().register_forward_hook(lambda *args: calls.append(1))
     fast_logprobs_B_T, fast_entropy_B_T = score_tokens(
         fast_model, grouped_batch, 0.9, torch.float32
     )
+    assert len(calls) == passes
     plain_logprobs_B_T, plain_entropy_B_T = plain_scores(plain_model, grouped_batch, 0.9)
     diff = (fast_logprobs_B_T[:, :-1] - plain_logprobs_B_T).abs() * mask_B_T
     assert float(diff.detach().max()) < FLOAT32_TOLERANCE
