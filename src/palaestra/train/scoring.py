@@ -110,9 +110,10 @@ def score_tokens(
                 continue
             rows = [b for group_rows, _ in groups for b in group_rows]
             starts_R = [start for group_rows, start in groups for _ in group_rows]
-            width = max(lengths_B[b] - start for b, start in zip(rows, starts_R, strict=True))
+            row_starts = list(zip(rows, starts_R, strict=True))
+            width = max(lengths_B[b] - start for b, start in row_starts)
             suffixes_R_S_D = torch.stack(
-                [_window(embeds_B_T_D[b], start, width) for b, start in zip(rows, starts_R)]
+                [_window(embeds_B_T_D[b], start, width) for b, start in row_starts]
             )
             group_R = torch.tensor(
                 [g for g, (group_rows, _) in enumerate(groups) for _ in group_rows], device=device
