@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from palaestra.models import lean_layers as lean_layers_module
 from palaestra.models.lean_layers import lean_layers, rms_norm, swiglu
 from tests.support.tiny_models import build_tiny_model, build_tokenizer
 
@@ -314,3 +315,38 @@ def test_a_bfloat16_pass_attends_in_float32_even_under_autocast(dtype):
             Layer(), *(t.detach() for t in leaves.values()), mask, scaling=8**-0.5
         )
     assert torch.equal(scored, out.detach())
+
+
+def test_the_attentions_projections_keep_one_cast_of_their_shared_input():
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer)
+    ids = torch.randint(0, len(tokenizer), (2, 7), generator=torch.Generator().manual_seed(3))
+    hidden, tokens = model.config.hidden_size, ids.numel()
+
+    def kept_bytes(cast_once: bool):
+        def run(seen):
+            seen.update(p.untyped_storage().data_ptr() for p in model.parameters())
+            with torch.autocast("cpu", dtype=torch.bfloat16), lean_layers(model, True):
+                model(input_ids=ids).logits.float().sum().backward()
+
+        if cast_once:
+            return saved_bytes(run)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lean_layers_module, "_cast_input", lambda x, dtype: x.to(dtype))
+            return saved_bytes(run)
+
+    # Each layer's query, key and value projections read one normed input: one bfloat16 copy
+    # kept for their backward instead of three.
+    fewer = kept_bytes(False) - kept_bytes(True)
+    assert fewer == 2 * 2 * tokens * hidden * model.config.num_hidden_layers
+
+
+def test_an_input_changed_in_place_is_cast_again():
+    x = torch.randn(3, 4)
+    first = lean_layers_module._cast_input(x, torch.bfloat16)
+    assert lean_layers_module._cast_input(x, torch.bfloat16) is first
+    x.mul_(2)
+    again = lean_layers_module._cast_input(x, torch.bfloat16)
+    assert again is not first
+    assert torch.equal(again, x.to(torch.bfloat16))
+    assert lean_layers_module._cast_input(x.clone(), torch.bfloat16) is not again

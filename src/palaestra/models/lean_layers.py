@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -157,12 +158,34 @@ def swiglu(
     )
 
 
+_last_input_cast: tuple = (None, None, None, None)
+"""(weak reference to an input, its version, dtype, weak reference to its cast): the last
+cast ``_cast_input`` made."""
+
+
+def _cast_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, the same copy for consecutive calls on the same input: an attention's
+    query, key and value projections read one normed input, which under autocast was cast
+    (and kept for the backward) three times."""
+    global _last_input_cast
+    if x.dtype == dtype:
+        return x
+    source, version, cast_dtype, cast = _last_input_cast
+    if source is not None and source() is x and (version, cast_dtype) == (x._version, dtype):
+        held = cast()
+        if held is not None:
+            return held
+    xc = x.to(dtype)
+    _last_input_cast = (weakref.ref(x), x._version, dtype, weakref.ref(xc))
+    return xc
+
+
 class _Linear(torch.autograd.Function):
     """``nn.Linear``'s product whose backward adds the weight's gradient to ``.grad``."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, dtype):
-        xc = x.to(dtype)
+        xc = _cast_input(x, dtype)
         ctx.save_for_backward(xc, weight)
         ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
         return F.linear(xc, cast_weight(weight, dtype), _cast(bias, dtype))
