@@ -19,13 +19,13 @@ autocast the matmuls run in its dtype as ``nn.Linear`` would. Each use of a weig
 that dtype, forward and backward, unless ``weights_cast_once`` is open: then a weight is cast
 once and the copy reused until the weight changes. A learner's update opens it around its
 micro-batches, in which every weight is used four times or more (a prompt pass and an answers
-pass per group, forward and backward), and the weights only change at the optimiser's step.
+pass, forward and backward), and the weights only change at the optimiser's step.
 
 With ``grads_in_place`` (the learner's passes), the weight gradients of these MLPs and of the
 attention's projections are added to the weights' ``.grad`` by the backward that computes them
 (``addmm_``), instead of being handed to autograd. Autograd holds a weight's gradient back
 until every use of the weight in the graph has sent its share, and a learner's micro-batch uses
-each weight several times (a prompt pass and an answers pass per group): from the second
+each weight several times (a prompt pass and an answers pass): from the second
 micro-batch on, a whole second set of weight gradients sat in autograd's buffers through most
 of the backward (513 MiB for SmolLM2-135M in float32). ``loss.backward()`` then leaves the same
 ``.grad`` as before; ``torch.autograd.grad`` would not see these weights' gradients, which is
