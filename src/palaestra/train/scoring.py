@@ -105,31 +105,10 @@ def score_tokens(
         # a second: two passes for the micro-batch, however many groups it holds. Attention
         # other than SDPA's takes no boolean mask; there each group runs its own two passes.
         merge = getattr(model.config, "_attn_implementation", None) in SDPA_LIKE
-        for groups in [shared] if merge else [[group] for group in shared]:
-            if not groups:
-                continue
-            rows = [b for group_rows, _ in groups for b in group_rows]
-            starts_R = [start for group_rows, start in groups for _ in group_rows]
-            row_starts = list(zip(rows, starts_R, strict=True))
-            width = max(lengths_B[b] - start for b, start in row_starts)
-            suffixes_R_S_D = torch.stack(
-                [_window(embeds_B_T_D[b], start, width) for b, start in row_starts]
-            )
-            group_R = torch.tensor(
-                [g for g, (group_rows, _) in enumerate(groups) for _ in group_rows], device=device
-            )
-            prefixes = [embeds_B_T_D[group_rows[0], :start] for group_rows, start in groups]
-            hidden_R_S_D = continue_from_prefixes(decoder, prefixes, suffixes_R_S_D, group_R)
-            rows_R = torch.tensor(rows, device=device)
-            cols_R_S = torch.tensor(starts_R, device=device)[:, None] + torch.arange(
-                width, device=device
-            )
-            last = scored_B_T.shape[1] - 1  # a row of a later start reads past the batch
-            where_R_S = scored_B_T[rows_R[:, None], cols_R_S.clamp(max=last)] & (cols_R_S <= last)
-            hidden.append(hidden_R_S_D[where_R_S])
-            r, s = where_R_S.nonzero(as_tuple=True)
-            rows_N.append(rows_R[r])
-            cols_N.append(cols_R_S[r, s])
+        for groups in [shared] if merge and shared else [[group] for group in shared]:
+            found = _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups)
+            for parts, part in zip((hidden, rows_N, cols_N), found, strict=True):
+                parts.append(part)
         rows_N, cols_N = torch.cat(rows_N), torch.cat(cols_N)
         head = model.get_output_embeddings()
         logprobs_N, entropy_N = chunked_token_logprobs(
@@ -148,6 +127,31 @@ def score_tokens(
 
 SDPA_LIKE = frozenset({"sdpa", LEAN_ATTENTION})
 """Attention implementations that read a boolean 4D mask as "may attend"."""
+
+
+def _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups):
+    """The final hidden states of the scored positions of ``groups`` (each ``(rows, start)``:
+    rows sharing their first ``start`` tokens), their prefixes run together in one pass and
+    every row's own tokens in a second; with their batch rows and columns."""
+    device = scored_B_T.device
+    rows = [b for group_rows, _ in groups for b in group_rows]
+    starts_R = [start for group_rows, start in groups for _ in group_rows]
+    row_starts = list(zip(rows, starts_R, strict=True))
+    width = max(lengths_B[b] - start for b, start in row_starts)
+    suffixes_R_S_D = torch.stack(
+        [_window(embeds_B_T_D[b], start, width) for b, start in row_starts]
+    )
+    group_R = torch.tensor(
+        [g for g, (group_rows, _) in enumerate(groups) for _ in group_rows], device=device
+    )
+    prefixes = [embeds_B_T_D[group_rows[0], :start] for group_rows, start in groups]
+    hidden_R_S_D = continue_from_prefixes(decoder, prefixes, suffixes_R_S_D, group_R)
+    rows_R = torch.tensor(rows, device=device)
+    cols_R_S = torch.tensor(starts_R, device=device)[:, None] + torch.arange(width, device=device)
+    last = scored_B_T.shape[1] - 1  # a row of a later start reads past the batch
+    where_R_S = scored_B_T[rows_R[:, None], cols_R_S.clamp(max=last)] & (cols_R_S <= last)
+    r, s = where_R_S.nonzero(as_tuple=True)
+    return hidden_R_S_D[where_R_S], rows_R[r], cols_R_S[r, s]
 
 
 def _window(embeds_T_D: torch.Tensor, start: int, width: int) -> torch.Tensor:
