@@ -2,11 +2,11 @@
 
 Under bfloat16 autocast a float32 weight is cast at each product that reads it. In a
 learner's update each weight is read four times or more per micro-batch (its groups' prompt
-pass and their answers pass, forward and backward), and the weights only change at the optimiser's
-step, so the same copy is made over and over: for SmolLM2-135M a cast of every weight is a
-pass over 540 MB. ``weights_cast_once`` keeps the copies for the length of a block and
-``cast_weight`` hands them out; the layers that cast weights themselves (``models.lean_layers``
-and the lm head in ``algo.logprobs``) go through ``cast_weight``.
+pass and their answers pass, forward and backward), and the weights only change at the
+optimiser's step, so the same copy is made over and over: for SmolLM2-135M a cast of every
+weight is a pass over 540 MB. ``weights_cast_once`` keeps the copies for the length of a
+block and ``cast_weight`` hands them out; the layers that cast weights themselves
+(``models.lean_layers`` and the lm head in ``algo.logprobs``) go through ``cast_weight``.
 """
 
 from __future__ import annotations

@@ -176,9 +176,7 @@ def continue_from_prefixes(
     """
     starts_P = [prefix.shape[0] for prefix in prefixes]
     longest = max(starts_P)
-    prefix_P_T_D = torch.stack(
-        [F.pad(prefix, (0, 0, 0, longest - prefix.shape[0])) for prefix in prefixes]
-    )
+    prefix_P_T_D = torch.stack([_window(prefix, 0, longest) for prefix in prefixes])
     out = decoder(inputs_embeds=prefix_P_T_D, use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
     select_rows(cache, group_R)
