@@ -48,6 +48,7 @@ BENCHES = (
     "ray_overhead",
     "offpolicy",
     "plan_check",
+    "tutorial",
 )
 """Cheapest first, so a broken import shows in seconds."""
 

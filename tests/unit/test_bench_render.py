@@ -206,7 +206,12 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     folder, docs, readme = files
     step = fake("2026-12-05T10:00:00Z", "fffffff", "Xeon", AMX, 6.0)
     step["headline"] = {"palaestra step / floor": 1.4, "trl / palaestra": 2.84}
+    step["figures"] = {"sides": {"palaestra": {"peak_rss_mib": 4286.0}}}
     results.write_record(step, folder)
+    tutorial = fake("2026-12-05T12:00:00Z", "hhhhhhh", "Xeon", AMX, 0.0)
+    tutorial["bench"] = "tutorial"
+    tutorial["headline"] = {"minutes": 4.5, "points learned": 3.2, "three-line share": 0.8}
+    results.write_record(tutorial, folder)
     generation = fake("2026-12-05T11:00:00Z", "ggggggg", "EPYC", AVX2, 0.0)
     generation["bench"] = "generation"
     generation["headline"] = {"engine-fp32 tokens/s": 141.8, "vllm-float32 tokens/s": 165.9}
@@ -225,6 +230,23 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     )
     assert table[("| torch engine / vLLM CPU, float32", "AVX2-only")].endswith(
         "| at least 1 | 0.85 | no | `generation` 2026-12-05 ggggggg |"
+    )
+    # The memory goal reads palaestra's side of the step's figures.
+    assert table[("| GRPO step, palaestra's peak resident MiB", "AMX")].endswith(
+        f"| at most 4,140 | 4,286 | no | {run} |"
+    )
+    tutorial_run = "`tutorial` 2026-12-05 hhhhhhh"
+    assert table[("| tutorial (`make haiku`), minutes", "AMX")].endswith(
+        f"| at most 5 | 4.5 | yes | {tutorial_run} |"
+    )
+    assert table[("| tutorial, points learned over the base", "AMX")].endswith(
+        f"| at least 4 | 3.2 | no | {tutorial_run} |"
+    )
+    assert table[("| tutorial, three-line replies after 30 steps", "AMX")].endswith(
+        f"| at least 0.8 | 0.8 | yes | {tutorial_run} |"
+    )
+    assert table[("| tutorial, points learned over the base", "AVX2-only")].endswith(
+        "| not measured |  |  |"
     )
     # bfloat16 goals stand only where bfloat16 is native.
     assert ("| torch engine / vLLM CPU, bfloat16", "AVX2-only") not in table

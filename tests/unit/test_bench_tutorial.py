@@ -1,0 +1,97 @@
+"""bench/tutorial.py: the smoke run's edits to the real tutorial script, the summary it reads,
+and the memory of a process tree."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+
+
+@pytest.fixture
+def tutorial(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    yield importlib.import_module("tutorial")
+    for name in ("tutorial", "results", "flops"):
+        sys.modules.pop(name, None)
+
+
+def test_the_smoke_edits_find_their_text_in_the_real_script(tutorial):
+    text = (REPO / "examples" / "haiku.py").read_text()
+    smoke = tutorial.smoke_script(text)
+    ast.parse(smoke)  # still Python
+    assert smoke.count("num_rollout=1,") == 2
+    assert "num_rollout=10," not in smoke and "num_rollout=20," not in smoke
+    assert smoke.count("rollout_max_response_len=8") == 2
+    assert 'hf_split="train[10:11]"' in smoke
+    # Nothing but lines holding the listed texts changed.
+    before, after = text.splitlines(), smoke.splitlines()
+    assert len(before) == len(after)
+    changed = [old for old, new in zip(before, after, strict=True) if old != new]
+    assert len(changed) == 6
+    assert all(any(edit[0] in line for edit in tutorial.SMOKE_EDITS) for line in changed)
+
+
+def test_a_smoke_edit_that_no_longer_matches_names_its_text(tutorial):
+    text = (
+        (REPO / "examples" / "haiku.py").read_text().replace("num_rollout=20,", "num_rollout=30,")
+    )
+    with pytest.raises(ValueError, match=r"'num_rollout=20,' appears 0 times, the smoke run"):
+        tutorial.smoke_script(text)
+
+
+OUTPUT = """\
+running new checkpoint evaluation...
+average score: -5.6
+
+average score, base model:     -11.40   1 of 5 three lines
+average score, after 10 steps: -9.00   3 of 5 three lines
+average score, after 30 steps: -5.60   5 of 5 three lines
+wall time: 5.1 min
+"""
+
+
+def test_the_summary_lines_become_figures_and_the_headline_their_mean(tutorial):
+    summary = tutorial.parse_summary(OUTPUT)
+    assert summary["base model"] == {"score": -11.4, "three_lines": 1, "replies": 5}
+    assert summary["after 30 steps"] == {"score": -5.6, "three_lines": 5, "replies": 5}
+    run = {"seconds": 300.0, "peak_rss_mib": 3900}
+    run |= {f"{s} {k}": v for s in summary for k, v in summary[s].items()}
+    other = run | {"seconds": 240.0, "after 30 steps three_lines": 3, "peak_rss_mib": 4100}
+    assert tutorial.headline([run, other]) == {
+        "minutes": 4.5,
+        "points learned": 5.8,
+        "three-line share": 0.8,
+        "peak MiB": 4100,
+        "runs": 2,
+    }
+
+
+def test_a_missing_summary_line_is_named(tutorial):
+    cut = OUTPUT.replace("average score, after 10 steps", "average score after 10 steps")
+    with pytest.raises(ValueError, match="no summary line for: after 10 steps"):
+        tutorial.parse_summary(cut)
+
+
+def test_the_memory_of_a_process_tree_counts_its_children(tutorial):
+    if not Path(f"/proc/{os.getpid()}/task").is_dir():
+        pytest.skip("no /proc here")
+    alone = tutorial.tree_rss_bytes(os.getpid())
+    hold = "b = bytearray(200 * 2**20); print('ready', flush=True); import time; time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        together = tutorial.tree_rss_bytes(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert together - alone > 200 * 2**20
+    assert tutorial.tree_rss_bytes(child.pid) == 0  # gone: nothing to count
