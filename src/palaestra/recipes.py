@@ -582,12 +582,8 @@ class SmolLM2_135M_Recipe(Recipe):
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
-    train_micro_batch_size: int = preset("train_micro_batch_size", 32)
-    # A step's 4 x 8 answers in one pass: their prompts share one pass and their answers the
-    # next, so each weight's gradient is one product instead of four. On the tutorial's
-    # training (2 cores, AMX) the update took 2.6-3.2 s a step against 5.0-5.4 s at Recipe's 8,
-    # for 360-480 MiB more at the peak (4.0-4.1 against 3.7 GiB). The loss is the same either
-    # way; a longer rollout_max_response_len wants a smaller micro-batch again.
+    # train_micro_batch_size: Recipe's 8, one group of answers per pass. On bench/grpo_step.py
+    # 16 took the same time within the machine's noise and peaked higher (3942 against 3464 MiB).
 
 
 class Qwen3_4B_Recipe(Recipe):
