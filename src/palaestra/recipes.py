@@ -582,8 +582,12 @@ class SmolLM2_135M_Recipe(Recipe):
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
-    # train_micro_batch_size: Recipe's 8, one group of answers per pass. On bench/grpo_step.py
-    # 16 took the same time within the machine's noise and peaked higher (3942 against 3464 MiB).
+    # train_micro_batch_size: Recipe's 8, one group of answers per pass. 32 (the whole step in
+    # one pass) trains faster, 2.6-3.2 against 5.0-5.4 s a step on the tutorial's training
+    # (2 cores, AMX), for 0.4 GiB more; but the loss's sums then round differently, and on that
+    # machine the tutorial's seed-42 run at 32 fell into the -10 trap (docs/recipes.md) by its
+    # fourth step (a second run repeated its first three steps to the digit), where at 8 it
+    # learns.
 
 
 class Qwen3_4B_Recipe(Recipe):
