@@ -584,10 +584,10 @@ class SmolLM2_135M_Recipe(Recipe):
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
     # train_micro_batch_size: Recipe's 8, one group of answers per pass. 32 (the whole step in
     # one pass) trains faster, 2.6-3.2 against 5.0-5.4 s a step on the tutorial's training
-    # (2 cores, AMX), for 0.4 GiB more; but the loss's sums then round differently, and on that
-    # machine the tutorial's seed-42 run at 32 fell into the -10 trap (docs/recipes.md) by its
-    # fourth step (a second run repeated its first three steps to the digit), where at 8 it
-    # learns.
+    # (2 cores, AMX), for 0.4 GiB more, with the same loss up to rounding. It stays 8 until
+    # runs at 32 are shown to fall into the -10 trap (docs/recipes.md) no more often: the one
+    # tutorial run at 32 fell in by its fourth step, and a single run proves little, as two
+    # runs of the same commit part ways within a few steps.
 
 
 class Qwen3_4B_Recipe(Recipe):
