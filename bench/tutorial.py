@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from results import REPO, add_arguments, record, smoke_defaults
+from results import REPO, add_arguments, record
 
 SCRIPT = REPO / "examples" / "haiku.py"
 
@@ -207,7 +207,6 @@ def main() -> None:
     )
     add_arguments(parser)
     args = parser.parse_args()
-    smoke_defaults(args, parser, runs=1)
 
     with tempfile.TemporaryDirectory(prefix="tutorial-script-") as folder:
         script = SCRIPT

@@ -582,12 +582,8 @@ class SmolLM2_135M_Recipe(Recipe):
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
-    # train_micro_batch_size: Recipe's 8, one group of answers per pass. 32 (the whole step in
-    # one pass) trains faster, 2.6-3.2 against 5.0-5.4 s a step on the tutorial's training
-    # (2 cores, AMX), for 0.4 GiB more, with the same loss up to rounding. It stays 8 until
-    # runs at 32 are shown to fall into the -10 trap (docs/recipes.md) no more often: the one
-    # tutorial run at 32 fell in by its fourth step, and a single run proves little, as two
-    # runs of the same commit part ways within a few steps.
+    # train_micro_batch_size: Recipe's 8. 32 (the whole step in one pass) updates about twice
+    # as fast for more memory; docs/recipes.md says why the preset keeps 8 for now.
 
 
 class Qwen3_4B_Recipe(Recipe):
