@@ -37,7 +37,8 @@ def trained_rows_by_step(entries: list, seed: int) -> dict[int, list[int]]:
 # Sampling ahead trains a 4-layer, 256-wide model, one sequence a micro-batch: its update
 # lasts long enough to be caught in. On the 2-layer, 32-wide model, a run ended before kill_at
 # found the main thread in it in 5 of 10 runs on a 2-core machine (3 of 17 with one sequence a
-# micro-batch); on this one, in 1 of 20.
+# micro-batch); on this one, in 1 of 20 with 6 steps and the update killed second. So that run
+# kills the update first, with every step still ahead, and takes 10 steps.
 WIDER = dict(
     hidden_size=256,
     intermediate_size=1024,
@@ -61,19 +62,21 @@ def test_kills_and_resumes_settle_every_prompt_once(
     home, tiny_model_dir, tmp_path, staleness, fields
 ):
     data = write_topics(tmp_path / "topics.jsonl")
+    steps, moments = STEPS, ("sampling", "update", "saving")
     if staleness:
         tiny_model_dir = save_tiny_model_dir(tmp_path / "wider-model", **WIDER)
+        steps, moments = 10, ("update", "sampling", "saving")
     config = evaluated_config(
         tiny_model_dir,
         data,
         0,
-        num_rollout=STEPS,
+        num_rollout=steps,
         save_interval=1,
         max_staleness=staleness,
         **fields,
     )
     run = config.launch()
-    for moment in ("sampling", "update", "saving"):
+    for moment in moments:
         if moment == "saving":
             kill_while_saving(run)
         else:
@@ -82,7 +85,7 @@ def test_kills_and_resumes_settle_every_prompt_once(
         run = run.resume()
     run.result(timeout=300)
     assert run.status == "completed"
-    assert log_problems(run, STEPS, P * G) == []
+    assert log_problems(run, steps, P * G) == []
 
     last = run.checkpoints()[-1].path
     state = json.loads((last / "trainer_state.json").read_text())
@@ -97,6 +100,6 @@ def test_kills_and_resumes_settle_every_prompt_once(
     assert trained == {step: sorted(rows) for step, rows in logged.items()}
     if staleness:
         metrics = run.metrics()
-        assert [m["stale_dropped_groups"] for m in metrics] == [0] * STEPS
+        assert [m["stale_dropped_groups"] for m in metrics] == [0] * steps
         assert all(m["sample_staleness_mean"] <= staleness for m in metrics if m["updates"])
         assert all("importance_ratio_mean" in m for m in metrics if m["updates"])
