@@ -8,7 +8,7 @@ trained on; one answer each, sampled as in training, the same seed per topic at 
 evaluation). The base model is scored the same way once per (temperature, length).
 
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py [--steps 30] [--only 1,4]
-        [--row 3e-5,0.8,24] [--seeds 42,1]
+        [--row 3e-5,0.8,24] [--seeds 42,1] [--set dynamic_sampling=false]
     PALAESTRA_HOME=$(mktemp -d) .venv/bin/python bench/haiku_sweep.py --smoke
         # the first row, one step of 2 x 2 answers of 8 tokens, scored on 4 test topics
 
@@ -156,6 +156,13 @@ def main() -> None:
     )
     parser.add_argument("--seeds", default="42", help="comma-separated run seeds (default 42)")
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="another recipe field for every variant, VALUE as JSON (true, 4, \"x\"); repeatable",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("haiku-sweep.json"), help="JSON after each variant"
     )
     add_arguments(parser)
@@ -167,11 +174,12 @@ def main() -> None:
     if args.row:
         rows = [(float(a), float(b), int(c)) for a, b, c in (r.split(",") for r in args.row)]
     seeds = [int(seed) for seed in args.seeds.split(",")]
+    fields = parse_fields(args.set)
 
     bases: dict[tuple[float, int], float] = {}
     results = []
     for (lr, temperature, length), seed in itertools.product(rows, seeds):
-        config = config_for(lr, temperature, length, args.steps, seed, args.smoke)
+        config = config_for(lr, temperature, length, args.steps, seed, args.smoke, **fields)
         if (temperature, length) not in bases:
             bases[temperature, length] = base_score(config)
         started = time.monotonic()
@@ -181,6 +189,7 @@ def main() -> None:
             "temperature": temperature,
             "max_tokens": config.recipe.rollout_max_response_len,  # a smoke run's is shorter
             "seed": seed,
+            "fields": fields,
             "base": bases[temperature, length],
             "wall_s": time.monotonic() - started,
         }
@@ -192,7 +201,7 @@ def main() -> None:
     print()
     print(
         "| lr | temperature | max tokens | seed | test score: base / 10 / 20 / 30 steps "
-        "| last 5 steps: reward / three lines / cut | s per step |"
+        f"| last 5 steps: reward / three lines / cut | s per step |   ({describe(fields)})"
     )
     print("| ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in results:
@@ -205,6 +214,21 @@ def main() -> None:
     record("haiku_sweep", args, {"variants": results}, sweep_headline(results[0]))
 
 
+def parse_fields(pairs: list[str]) -> dict:
+    """``["dynamic_sampling=false", "lr=1e-5"]`` as recipe fields; a VALUE that is not JSON is
+    a string. A pair without ``=`` is a ValueError naming it."""
+    fields = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set {pair!r}: expected FIELD=VALUE")
+        try:
+            fields[name] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[name] = value
+    return fields
+
+
 def sweep_headline(first: dict) -> dict:
     """The first variant's (the preset's, unless --only or --row chose others) scores."""
     last = max(first["eval"], default=None)
@@ -215,7 +239,12 @@ def sweep_headline(first: dict) -> dict:
         f"after {last} steps": round(first["eval"][last], 2) if last else "n/a",
         "three lines, last 5 steps": round(first["three_lines_last5"], 2),
         "s per step": round(first["step_s"], 1),
+        "other fields": describe(first.get("fields", {})),
     }
+
+
+def describe(fields: dict) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in fields.items()) or "none"
 
 
 if __name__ == "__main__":

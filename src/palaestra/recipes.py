@@ -435,7 +435,9 @@ class Recipe(BaseModel):
             )
         sft = self.loss_type == "sft_loss"
         if sft and self.dynamic_sampling:
-            raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
+            if "dynamic_sampling" in self.model_fields_set:
+                raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
+            self.dynamic_sampling = False  # a preset's default: SFT has no groups to drop
         if sft and self.off_policy_correction != "none":
             raise ValueError(
                 "off_policy_correction needs sampled log-probs; loss_type='sft_loss' has none"
@@ -582,6 +584,10 @@ class SmolLM2_135M_Recipe(Recipe):
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
+    dynamic_sampling: bool = preset("dynamic_sampling", True)
+    # A step whose groups all score alike (early on, every answer -10) makes no update. Without
+    # it AdamW still steps on zero gradients, moving on with its momentum, and one early push
+    # away from three lines carried the tutorial's seed to -10 on every answer by step 3.
     # train_micro_batch_size: Recipe's 8. 32 (the whole step in one pass) updates about twice
     # as fast for more memory; docs/recipes.md says why the preset keeps 8 for now.
 
