@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.support.bench import bench_scripts
 
 
 @pytest.fixture
 def sweep(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    yield importlib.import_module("haiku_sweep")
-    for name in ("haiku_sweep", "results", "flops"):
-        sys.modules.pop(name, None)
+    with bench_scripts(monkeypatch, "haiku_sweep") as (module,):
+        yield module
 
 
 def test_set_pairs_are_json_values_or_strings(sweep):
@@ -31,6 +25,7 @@ def test_set_pairs_are_json_values_or_strings(sweep):
 def test_set_fields_override_the_preset_in_each_variant(sweep):
     preset = sweep.config_for(3e-5, 0.8, 24, 10, 42).recipe
     assert preset.dynamic_sampling is True  # SmolLM2_135M_Recipe's own
-    changed = sweep.config_for(3e-5, 0.8, 24, 10, 42, **sweep.parse_fields(["dynamic_sampling=false"]))
+    fields = sweep.parse_fields(["dynamic_sampling=false"])
+    changed = sweep.config_for(3e-5, 0.8, 24, 10, 42, **fields)
     assert changed.recipe.dynamic_sampling is False
     assert (changed.recipe.lr, changed.recipe.seed, changed.recipe.num_rollout) == (3e-5, 42, 10)

@@ -7,13 +7,12 @@ the history; smoke results are left out; a file without its markers is named in 
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.support.bench import bench_scripts
 
 AVX2 = {"avx2": True, "avx512f": False, "avx512_bf16": False, "amx_bf16": False}
 AMX = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
@@ -22,10 +21,8 @@ AMX = {"avx2": True, "avx512f": True, "avx512_bf16": True, "amx_bf16": True}
 @pytest.fixture
 def bench_modules(monkeypatch):
     """bench/render.py and bench/results.py, imported as the scripts import each other."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    yield importlib.import_module("render"), importlib.import_module("results")
-    for name in ("render", "results", "flops"):
-        sys.modules.pop(name, None)
+    with bench_scripts(monkeypatch, "render", "results") as modules:
+        yield modules
 
 
 def fake(time: str, commit: str, cpu: str, flags: dict, step_s: float, smoke=False) -> dict:

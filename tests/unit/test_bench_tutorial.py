@@ -4,7 +4,6 @@ and the memory of a process tree."""
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import subprocess
 import sys
@@ -12,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bench import bench_scripts
+
 REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "bench"
 
 
 @pytest.fixture
 def tutorial(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    yield importlib.import_module("tutorial")
-    for name in ("tutorial", "results", "flops"):
-        sys.modules.pop(name, None)
+    with bench_scripts(monkeypatch, "tutorial") as (module,):
+        yield module
 
 
 def test_the_smoke_edits_find_their_text_in_the_real_script(tutorial):
