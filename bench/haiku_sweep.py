@@ -160,7 +160,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="another recipe field for every variant, VALUE as JSON (true, 4, \"x\"); repeatable",
+        help='another recipe field for every variant, VALUE as JSON (true, 4, "x"); repeatable',
     )
     parser.add_argument(
         "--out", type=Path, default=Path("haiku-sweep.json"), help="JSON after each variant"
