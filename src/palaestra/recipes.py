@@ -585,9 +585,9 @@ class SmolLM2_135M_Recipe(Recipe):
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
     dynamic_sampling: bool = preset("dynamic_sampling", True)
-    # A step whose groups all score alike (early on, every answer -10) makes no update. Without
-    # it AdamW still steps on zero gradients, moving on with its momentum, and one early push
-    # away from three lines carried the tutorial's seed to -10 on every answer by step 3.
+    # A group whose answers all score alike (early on, every answer -10) is not trained on,
+    # and a step with no group left makes no AdamW step (which would move on with momentum
+    # alone). It learns as far as without (docs/recipes.md has the runs), training fewer rows.
     # train_micro_batch_size: Recipe's 8. 32 (the whole step in one pass) updates about twice
     # as fast for more memory; docs/recipes.md says why the preset keeps 8 for now.
 
