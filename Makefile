@@ -45,7 +45,7 @@ test: setup setup-vllm
 	@echo "==> tier unit-avx2 (tests/unit with the CPU capped at AVX2: $(AVX2_ONLY))"
 	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 	@echo "==> tier integration (tests/integration tests/ray tests/gpu)"
-	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
+	$(PY) -m pytest -q --durations=15 tests/integration tests/ray tests/gpu
 	@echo "==> tier vllm (tests/vllm, in $(VLLM_VENV))"
 	$(VLLM_PY) -m pytest -q tests/vllm
 
@@ -58,7 +58,7 @@ test-avx2: setup
 	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 test-integration: setup
-	$(PY) -m pytest -q tests/integration tests/ray tests/gpu
+	$(PY) -m pytest -q --durations=15 tests/integration tests/ray tests/gpu
 
 # Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
 bench-smoke: setup
