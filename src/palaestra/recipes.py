@@ -435,9 +435,7 @@ class Recipe(BaseModel):
             )
         sft = self.loss_type == "sft_loss"
         if sft and self.dynamic_sampling:
-            if "dynamic_sampling" in self.model_fields_set:
-                raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
-            self.dynamic_sampling = False  # a preset's default: SFT has no groups to drop
+            raise ValueError("dynamic_sampling needs rewards; loss_type='sft_loss' has none")
         if sft and self.off_policy_correction != "none":
             raise ValueError(
                 "off_policy_correction needs sampled log-probs; loss_type='sft_loss' has none"
@@ -584,10 +582,6 @@ class SmolLM2_135M_Recipe(Recipe):
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
     # 2e-6 barely moves a model this size in 30 steps; 1e-5 gets about half as far as 3e-5.
-    dynamic_sampling: bool = preset("dynamic_sampling", True)
-    # A group whose answers all score alike (early on, every answer -10) is not trained on,
-    # and a step with no group left makes no AdamW step (which would move on with momentum
-    # alone). It learns as far as without (docs/recipes.md has the runs), training fewer rows.
     # train_micro_batch_size: Recipe's 8. 32 (the whole step in one pass) updates about twice
     # as fast for more memory; docs/recipes.md says why the preset keeps 8 for now.
 

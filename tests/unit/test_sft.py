@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from palaestra import Recipe, SmolLM2_135M_Recipe
+from palaestra import Recipe
 from palaestra.recipes import check_runnable_here
 from palaestra.rollout.demonstrations import demonstration, demonstration_sample
 from palaestra.train.batch import build_train_batch
@@ -76,10 +76,3 @@ def test_sft_needs_no_reward():
     check_runnable_here(Recipe(loss_type="sft_loss"))
     with pytest.raises(ValueError, match="dynamic_sampling needs rewards"):
         Recipe(loss_type="sft_loss", dynamic_sampling=True)
-
-
-def test_a_presets_dynamic_sampling_is_off_for_sft_and_refused_when_asked_for():
-    assert SmolLM2_135M_Recipe().dynamic_sampling is True
-    assert SmolLM2_135M_Recipe(loss_type="sft_loss").dynamic_sampling is False
-    with pytest.raises(ValueError, match="dynamic_sampling needs rewards"):
-        SmolLM2_135M_Recipe(loss_type="sft_loss", dynamic_sampling=True)
