@@ -121,6 +121,11 @@ def test_step_line_is_the_training_process_line_and_is_recognised():
         "step 3/10  reward +1.20 ± 0.30  loss +0.0123  len 20  dropped 1  4.2 s  saved step_000003"
     )
     assert step_line({"step": 1, "step_s": 1.0}, 2) == "step 1/2  loss +nan  tokens 0  1.0 s"
+    dropped = {"step": 4, "reward_mean": -10.0, "reward_std": 0.0, "response_length_mean": 23.4}
+    dropped |= {"dropped_groups": 4, "updates": 0, "step_s": 1.46}
+    assert step_line(dropped, 10) == (
+        "step 4/10  reward -10.00 ± 0.00  no update  len 23  dropped 4  1.5 s"
+    )
     assert is_step_line(line) and not is_step_line("stepping 3/10 ")
 
 

@@ -19,11 +19,15 @@ _STEP_LINE = re.compile(r"^step \d+/\d+\s")
 
 def step_line(metrics: dict[str, Any], last_step: int, saved: str | Path | None = None) -> str:
     """``step 3/10  reward +1.20 ± 0.30  loss +0.0123  len 20  dropped 1  4.2 s  saved
-    step_000003``; ``saved`` is the checkpoint folder written at this step, if any."""
+    step_000003`` (``no update`` in place of the loss for a step that trained on nothing);
+    ``saved`` is the checkpoint folder written at this step, if any."""
     parts = [f"step {metrics['step']}/{last_step}"]
     if "reward_mean" in metrics:
         parts.append(f"reward {metrics['reward_mean']:+.2f} ± {metrics['reward_std']:.2f}")
-    parts.append(f"loss {metrics.get('loss', math.nan):+.4f}")
+    if metrics.get("updates") == 0:  # e.g. dynamic sampling dropped every group
+        parts.append("no update")
+    else:
+        parts.append(f"loss {metrics.get('loss', math.nan):+.4f}")
     if "response_length_mean" in metrics:
         parts.append(f"len {metrics['response_length_mean']:.0f}")
     else:
