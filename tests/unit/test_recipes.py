@@ -53,7 +53,7 @@ def test_preset_defaults_and_docs():
     assert "Prompts per step" in Recipe.model_fields["rollout_batch_size"].description
     # A preset's own defaults keep the base field's doc and checks.
     assert (recipe.rollout_max_response_len, recipe.rollout_temperature, recipe.lr) == (
-        24,
+        20,
         0.8,
         3e-5,
     )
