@@ -211,7 +211,7 @@ def main() -> None:
             f"{r['base']:+.2f} / {evals} | {r['train_reward_last5']:+.2f} / "
             f"{r['three_lines_last5']:.0%} / {r['cut_last5']:.0%} | {r['step_s']:.1f} |"
         )
-    record("haiku_sweep", args, {"variants": results}, sweep_headline(results[0]))
+    record("haiku_sweep", args, {"variants": results}, sweep_headline(results))
 
 
 def parse_fields(pairs: list[str]) -> dict:
@@ -229,16 +229,29 @@ def parse_fields(pairs: list[str]) -> dict:
     return fields
 
 
-def sweep_headline(first: dict) -> dict:
-    """The first variant's (the preset's, unless --only or --row chose others) scores."""
+def sweep_headline(results: list[dict]) -> dict:
+    """The first variant's (the preset's, unless --only or --row chose others) scores, the
+    mean over the seeds it ran with."""
+    first = results[0]
+    same = [
+        r
+        for r in results
+        if (r["lr"], r["temperature"], r["max_tokens"])
+        == (first["lr"], first["temperature"], first["max_tokens"])
+    ]
     last = max(first["eval"], default=None)
     return {
         "variant (lr, temperature, tokens)": f"{first['lr']:g}, {first['temperature']:g}, "
         f"{first['max_tokens']}",
+        "seeds": len(same),
         "test score before": round(first["base"], 2),
-        f"after {last} steps": round(first["eval"][last], 2) if last else "n/a",
-        "three lines, last 5 steps": round(first["three_lines_last5"], 2),
-        "s per step": round(first["step_s"], 1),
+        f"after {last} steps": round(statistics.fmean(r["eval"][last] for r in same), 2)
+        if last
+        else "n/a",
+        "three lines, last 5 steps": round(
+            statistics.fmean(r["three_lines_last5"] for r in same), 2
+        ),
+        "s per step": round(statistics.median(r["step_s"] for r in same), 1),
         "other fields": describe(first.get("fields", {})),
     }
 
