@@ -572,12 +572,13 @@ class SmolLM2_135M_Recipe(Recipe):
     tutorial, as written, learns in its 30 steps."""
 
     rollout_max_response_len: int = preset("rollout_max_response_len", 20)
-    # Room for a haiku's three short lines (about 20 tokens) and no more. The tutorial's reward
-    # gives -10 to anything not three lines long, but a three-line answer with long lines scores
-    # below -10: at 28 tokens and more, many of this model's early three-line answers are such
-    # (cut inside their third line), so GRPO can learn to answer in one line, and once every
-    # answer scores -10 no group has an advantage left to learn from. At 24, three lines fit
-    # only when they are short, and those score above -10.
+    # Room for a haiku's three short lines and no more. The tutorial's reward gives -10 to
+    # anything not three lines long, but a three-line answer with long lines scores below -10:
+    # the longer the limit, the more of this model's early three-line answers are such (cut
+    # inside their third line), so GRPO can learn to answer in one line, and once every answer
+    # scores -10 no group has an advantage left to learn from. At 20, three lines fit only when
+    # they are short, and those score above -10; at 24 the tutorial's first step pushed away
+    # from three lines (docs/recipes.md has the runs).
     rollout_temperature: float = preset("rollout_temperature", 0.8)
     # At 1.0 fewer of its answers stay coherent, and fewer reach three lines to be rewarded.
     lr: float = preset("lr", 3e-5)
