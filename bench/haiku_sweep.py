@@ -160,7 +160,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help='another recipe field for every variant, VALUE as JSON (true, 4, "x"); repeatable',
+        help="another recipe field for every variant, VALUE as in palaestra sweep --grid "
+        "(true, 4, 1e-5, grpo); repeatable",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("haiku-sweep.json"), help="JSON after each variant"
@@ -215,17 +216,18 @@ def main() -> None:
 
 
 def parse_fields(pairs: list[str]) -> dict:
-    """``["dynamic_sampling=false", "lr=1e-5"]`` as recipe fields; a VALUE that is not JSON is
-    a string. A pair without ``=`` is a ValueError naming it."""
+    """``["dynamic_sampling=false", "lr=1e-5"]`` as recipe fields, each VALUE read as
+    ``palaestra sweep --grid`` reads one (a TOML value, else text). A pair without ``=`` or a
+    value is a ValueError naming it."""
+    from palaestra.cli import CommandError, parse_grid
+
     fields = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--set {pair!r}: expected FIELD=VALUE")
         try:
-            fields[name] = json.loads(value)
-        except json.JSONDecodeError:
-            fields[name] = value
+            ((name, values),) = parse_grid([pair]).items()
+        except CommandError:
+            raise ValueError(f"--set {pair!r}: expected FIELD=VALUE") from None
+        fields[name] = values[0] if len(values) == 1 else values
     return fields
 
 
