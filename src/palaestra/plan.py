@@ -84,7 +84,8 @@ class Layout:
     colocated: bool = True
     """Engines on the learner's devices (else on devices of their own)."""
     engines_sleep: bool = False
-    """Colocated engines free their weights and cache while the learner updates."""
+    """Colocated engines free their weights and cache while the learner updates (a
+    synchronous local run's torch engine does too)."""
     offload_optimizer: bool = False
     """The optimiser's moments live in host memory."""
     engine: str = "torch"
@@ -125,12 +126,15 @@ def layout_of(recipe: Recipe, engine: str | None = None) -> Layout:
     if gpus > 1:
         # launch/checks.gpu_layout: one learner GPU, an engine on each of the others.
         return Layout("cuda", 1, 1, gpus - 1, gpus - 1, False, False, offload, kind, True)
+    # A synchronous run's torch engine rests through each update: its packed weights and
+    # its own copy of the policy go (backends.local.rests, TorchEngine.sleep).
+    rests = not recipe.max_staleness and kind == "torch"
     if gpus == 1:
-        return Layout("cuda", 1, 1, 1, 1, True, False, offload, kind)
+        return Layout("cuda", 1, 1, 1, 1, True, rests, offload, kind)
     if recipe.backend == "ray":
         workers = recipe.num_rollout_workers
         return Layout("cpu", 1, 1, workers, 1, True, False, offload, "torch", True)
-    return Layout("cpu", offload_optimizer=offload)
+    return Layout("cpu", engines_sleep=rests, offload_optimizer=offload)
 
 
 @dataclass(frozen=True)

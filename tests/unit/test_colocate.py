@@ -39,6 +39,42 @@ def test_a_sleeping_torch_engine_frees_its_packed_weights_and_samples_alike_afte
     assert engine.sleep() == freed  # packed again by the next pass, dropped again
 
 
+def test_an_engine_asleep_without_its_weights_takes_them_back_whole_and_samples_alike():
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer)
+    engine = TorchEngine(model, tokenizer, dtype=torch.bfloat16)  # its own bf16 copy
+    requests = [GenerationRequest([5, 6, 7], 2, SamplingParams(max_tokens=6, seed=3))]
+    before = engine.generate_requests(requests)
+    packed = engine.sleep()
+    engine.generate_requests(requests)  # packed again
+    # Every parameter once (the embedding is tied to the head), two bytes each, on top of
+    # what the packed pass frees.
+    params = sum(p.numel() for p in engine.model.parameters())
+    assert engine.sleep(weights=True) == packed + 2 * params
+    assert all(p.numel() == 0 for p in engine.model.parameters())
+    with pytest.raises(RuntimeError, match="dropped its weights while asleep"):
+        engine.generate_requests(requests)
+    weights = dict(model.named_parameters())
+    name = next(iter(weights))
+    with pytest.raises(KeyError, match=f"lack 1 of the parameters.*{name}"):
+        engine.update_weights({k: v for k, v in weights.items() if k != name}, version=1)
+    engine.update_weights(weights, version=1)
+    held = dict(engine.model.named_parameters())
+    assert all(torch.equal(held[k], v.to(torch.bfloat16)) for k, v in weights.items())
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    after = engine.generate_requests(requests)
+    assert [c.token_ids for c in after[0]] == [c.token_ids for c in before[0]]
+
+
+def test_an_engine_over_the_module_it_was_given_keeps_its_weights_asleep():
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer)
+    engine = TorchEngine(model, tokenizer)  # samples from the learner's own module
+    assert engine.sleep(weights=True) == 0
+    assert all(p.numel() > 0 for p in model.parameters())
+    engine.generate_requests([GenerationRequest([5, 6], 1, SamplingParams(max_tokens=3))])
+
+
 def test_a_float32_engine_over_its_own_module_has_nothing_to_free():
     tokenizer = build_tokenizer()
     engine = TorchEngine(build_tiny_model(tokenizer), tokenizer)

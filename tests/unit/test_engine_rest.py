@@ -32,6 +32,9 @@ class OneRollout:
         self.packed_at = self.engine._packed_version
         return completions
 
+    def update_weights(self, weights, version: int) -> None:
+        self.engine.update_weights(weights, version)
+
 
 def bfloat16_engine() -> TorchEngine:
     tokenizer = build_tokenizer()
@@ -54,3 +57,21 @@ def test_a_resting_engine_holds_no_packed_weights_between_rollout_and_update():
         assert len(completions[0]) == 2
         assert rollout.packed_at == 0  # packed for version 0 while it generated
         assert engine._packed_version == packed_after
+
+
+def test_a_resting_engine_lends_its_weights_to_the_update_and_takes_the_new_ones_attested():
+    tokenizer = build_tokenizer()
+    learner_model = build_tiny_model(tokenizer)
+    engine = TorchEngine(learner_model, tokenizer, dtype=torch.bfloat16)
+    sampler = CheckedSampler(OneRollout(engine), engine, rest=True, rest_weights=True)
+    sampler.sample(step=1, cursor=0)
+    assert all(p.numel() == 0 for p in engine.model.parameters())  # gone through the update
+    with torch.no_grad():
+        for parameter in learner_model.parameters():
+            parameter.add_(0.5)  # the update
+    attestation = sampler.update_weights(dict(learner_model.named_parameters()), version=1)
+    assert attestation.engines == 1  # the copy holds what was sent, digests compared
+    held = dict(engine.model.named_parameters())
+    for name, parameter in learner_model.named_parameters():
+        assert torch.equal(held[name], parameter.detach().to(torch.bfloat16)), name
+    assert len(sampler.sample(step=2, cursor=0)[0]) == 2

@@ -48,7 +48,9 @@ def build_local(
         # The engine samples from the learner's own tensors: a sync copies nothing, so there
         # is nothing that could go stale, and nothing to attest.
         return sampler, learner
-    return CheckedSampler(sampler, engine, rest=rests(config, engine)), learner
+    # Each sync sends every parameter (``Learner.weights``): a resting engine's copy may go.
+    rest = rests(config, engine)
+    return CheckedSampler(sampler, engine, rest=rest, rest_weights=rest), learner
 
 
 def build_sharded(config, start: Start, tokenizer, data) -> tuple[CheckedSampler, object]:

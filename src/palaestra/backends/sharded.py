@@ -70,7 +70,12 @@ class CheckedSampler:
     the sampler when the run ends)."""
 
     def __init__(
-        self, sampler, engine, learner: ShardedLearner | None = None, rest: bool = False
+        self,
+        sampler,
+        engine,
+        learner: ShardedLearner | None = None,
+        rest: bool = False,
+        rest_weights: bool = False,
     ) -> None:
         self.sampler = sampler
         self.engine = engine
@@ -80,11 +85,15 @@ class CheckedSampler:
         copy of the weights goes). In a synchronous run the learner's update comes next, then
         new weights, which the engine packs again anyway; meanwhile the copy (256 MiB for
         SmolLM2-135M in bfloat16) would sit beside the update's gradients and optimiser."""
+        self.rest_weights = rest_weights
+        """Whether its own copy of the policy goes too (``sleep(weights=True)``), for a
+        learner that sends every parameter at each sync (``Learner.weights``): the copy
+        (another 256 MiB there) is overwritten whole after the update anyway."""
 
     def sample(self, step: int, cursor: int):
         rollout = self.sampler.sample(step, cursor)
         if self.rest:
-            self.engine.sleep()
+            self.engine.sleep(weights=self.rest_weights)
         return rollout
 
     def evaluate(self, step: int) -> dict[str, float]:

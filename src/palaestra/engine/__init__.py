@@ -65,7 +65,8 @@ class RolloutEngine(Protocol):
 
     def sleep(self) -> int:
         """Free the device memory the engine can rebuild (KV cache, buffers) while a learner
-        trains on its device (a colocated layout); bytes freed, as far as it can tell."""
+        trains on its device (a colocated layout); bytes freed, as far as it can tell. (The
+        torch engine also takes ``weights=True``: its own copy of the policy goes too.)"""
         ...
 
     def wake(self) -> None:

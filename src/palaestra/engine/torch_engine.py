@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from palaestra.engine import GenerationRequest
-from palaestra.engine.attest import Held, held_digests
+from palaestra.engine.attest import Held, held_digests, pick_names
 from palaestra.engine.fused_pass import FusedPass, fused_pass
 from palaestra.engine.packed_linear import PackedLinears, packed_linears
 from palaestra.engine.padded_decoder import PassDecoder
@@ -86,6 +86,9 @@ class TorchEngine:
         self.weight_version = 0
         self._packed: FusedPass | PackedLinears | None = None
         self._packed_version: int | None = None
+        self._discarded: dict[str, tuple[torch.Size, torch.dtype, torch.device]] | None = None
+        """While asleep with its weights dropped (``sleep(weights=True)``): each parameter's
+        name, shape, dtype and device, which the next ``update_weights`` must bring back."""
         self.continuous = has_plain_attention(self.model.config)
         """Whether it generates by continuous batching (every layer plain attention)."""
         eos = model.generation_config.eos_token_id
@@ -115,6 +118,17 @@ class TorchEngine:
                 f"weights for version {version} name {len(unknown)} parameters the engine's "
                 f"model does not have, e.g. {unknown[:3]}"
             )
+        if self._discarded is not None:
+            missing = [name for name in self._discarded if name not in weights]
+            if missing:
+                raise KeyError(
+                    f"weights for version {version} lack {len(missing)} of the parameters the "
+                    f"engine dropped while asleep (sleep(weights=True)), e.g. {missing[:3]}: "
+                    "it has nothing to sample them from"
+                )
+            for name, (shape, dtype, device) in self._discarded.items():
+                params[name].data = torch.empty(shape, dtype=dtype, device=device)
+            self._discarded = None
         with torch.no_grad():
             for name, tensor in weights.items():
                 param = params[name]
@@ -126,7 +140,12 @@ class TorchEngine:
     def weight_digests(self, sent: Mapping[str, tuple], version: int) -> Held:
         """Digests of a few of the sampling module's parameters among those in ``sent`` (name
         -> shape), picked by ``version``, as it holds them: what a weight sync is attested by
-        (``engine.attest``)."""
+        (``engine.attest``). Still without the weights it dropped asleep, it holds none of
+        them: each pick's digest is one no sent tensor has."""
+        if self._discarded is not None:
+            names = pick_names([name for name in sent if name in self._discarded], version)
+            dtype = {name: str(self._discarded[name][1]).removeprefix("torch.") for name in names}
+            return {name: (dtype[name], "nothing held") for name in names}
         return held_digests(dict(self.model.named_parameters()), sent, version)
 
     def packed_weights(self) -> FusedPass | PackedLinears | None:
@@ -144,12 +163,24 @@ class TorchEngine:
         """Drop the packed weights; the module itself is the garbage collector's."""
         self._packed, self._packed_version = None, None
 
-    def sleep(self) -> int:
+    def sleep(self, weights: bool = False) -> int:
         """Drop what the next pass rebuilds: the packed copy of the weights (the slot cache and
         its buffers belong to each call's decoder, gone already) and, on CUDA, the allocator's
-        cached blocks. Bytes freed: the packed tensors'. The module's own weights stay."""
+        cached blocks. Bytes freed: the packed tensors', and with ``weights`` the module's own.
+
+        ``weights`` drops the parameters too where the engine samples from its own copy of
+        the policy (``dtype`` other than the model's), as vLLM's sleep level 2 does: a caller
+        that sends every parameter at the next ``update_weights`` (a synchronous run, whose
+        update comes next) frees the copy for the update's length. Until then the engine
+        cannot generate. Over the module it was given (a learner's) it drops nothing more."""
         freed = tensor_bytes(self._packed, shared_with=self.model)
         self._packed, self._packed_version = None, None
+        if weights and self.model is not self._given and self._discarded is None:
+            params = dict(self.model.named_parameters())  # tied parameters once
+            self._discarded = {n: (p.shape, p.dtype, p.device) for n, p in params.items()}
+            for parameter in params.values():
+                freed += parameter.numel() * parameter.element_size()
+                parameter.data = parameter.data.new_empty(0)
         device = next(self.model.parameters()).device
         if device.type == "cuda":
             import torch.cuda
@@ -168,6 +199,11 @@ class TorchEngine:
     def decoder(self, max_batch: int | None = None):
         """A generation loop to feed requests into while it runs: a ``Decoder``, or for models
         the slot cache cannot hold, a ``PassDecoder`` over padded passes."""
+        if self._discarded is not None:
+            raise RuntimeError(
+                "the engine dropped its weights while asleep (sleep(weights=True)) and has had "
+                f"none since (version {self.weight_version}): update_weights comes first"
+            )
         if self.continuous:
             return Decoder(self, max_batch or self.max_batch)
         return PassDecoder(self._generate_padded, max_batch or self.max_batch)
