@@ -288,6 +288,21 @@ def test_sampled_frequencies_follow_the_tempered_distribution():
     assert logprobs[0] == pytest.approx(float(expected_V[tokens[0]].log()), abs=1e-6)
 
 
+def test_a_batch_mixing_greedy_tempered_and_plain_rows_gives_each_its_own_draw():
+    logits_B_V = torch.tensor([[0.5, 3.0, 1.0, -2.0]] * 3)
+    temperatures = [0.0, 0.5, 1.0]
+    generators = [torch.Generator().manual_seed(i) for i in range(3)]
+    tokens, logprobs = sample_next_tokens(logits_B_V, temperatures, [1.0] * 3, generators)
+    assert tokens[0] == 1  # greedy: the argmax
+    for row, temperature in enumerate(temperatures):
+        scale = temperature or 1.0  # a greedy row's log-prob is the raw logits'
+        expected = torch.log_softmax(logits_B_V[row] / scale, -1)[tokens[row]]
+        assert logprobs[row] == pytest.approx(float(expected), abs=1e-6)
+    # Without a greedy row, the same draws: no argmax or division decides anything there.
+    again = [torch.Generator().manual_seed(i) for i in range(1, 3)]
+    assert sample_next_tokens(logits_B_V[1:], temperatures[1:], [1.0] * 2, again)[0] == tokens[1:]
+
+
 def test_bfloat16_copy_samples_close_to_float32_and_follows_sync(tokenizer):
     model = build_tiny_model(tokenizer, seed=7).eval()
     fp32 = TorchEngine(model, tokenizer)

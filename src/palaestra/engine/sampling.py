@@ -37,22 +37,29 @@ def sample_next_tokens(
     Sampling inverts each row's cumulative distribution at one uniform draw from the row's own
     generator: one batched cumsum and search instead of a ``multinomial`` call per row.
     """
-    logits_B_V = logits_B_V.float()
     device = logits_B_V.device
-    # Greedy rows are scaled by 1: their log-prob is the raw logits' log-softmax.
-    scale_B_1 = torch.tensor([t if t > 0 else 1.0 for t in temperatures_B], device=device)
-    logprobs_B_V = torch.log_softmax(logits_B_V / scale_B_1.unsqueeze(-1), dim=-1)
-    probs_B_V = logprobs_B_V.exp()
+    # One float32 working copy, scaled in place; the rest reads it or works on one more
+    # vocabulary-wide tensor (each a fresh 6 MB at 32 rows of a 49k vocabulary, whose pages
+    # cost more than the arithmetic).
+    z_B_V = logits_B_V.to(torch.float32, copy=True)
+    # Greedy rows are scaled by 1: their log-prob is the raw logits' log-softmax. (A division
+    # by 1 changes no bit: where every row is at 1, none is made.)
+    scales_B = [t if t > 0 else 1.0 for t in temperatures_B]
+    if any(scale != 1.0 for scale in scales_B):
+        z_B_V.div_(torch.tensor(scales_B, device=device).unsqueeze(-1))
+    log_z_B = torch.logsumexp(z_B_V, dim=-1)
+    probs_B_V = torch.sub(z_B_V, log_z_B.unsqueeze(-1)).exp_()
     if any(p < 1.0 for p in top_ps_B):
         # Rows at top_p 1 keep every token, rounding in the running mass notwithstanding.
         thresholds_B = [p if p < 1.0 else math.inf for p in top_ps_B]
         top_p_B_1 = torch.tensor(thresholds_B, device=device).unsqueeze(-1)
         probs_B_V = nucleus(probs_B_V, top_p_B_1)
     uniforms_B = torch.stack([torch.rand((), generator=g, device=device) for g in generators_B])
-    tokens_B = inverse_cdf(probs_B_V, uniforms_B)
-    greedy_B = torch.tensor([t <= 0 for t in temperatures_B], device=device)
-    tokens_B = torch.where(greedy_B, logits_B_V.argmax(dim=-1), tokens_B)
-    picked_B = logprobs_B_V.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+    tokens_B = search_cdf(probs_B_V.cumsum_(dim=-1), uniforms_B)  # probs_B_V is ours
+    if any(t <= 0 for t in temperatures_B):  # a pass over the vocabulary, only where needed
+        greedy_B = torch.tensor([t <= 0 for t in temperatures_B], device=device)
+        tokens_B = torch.where(greedy_B, z_B_V.argmax(dim=-1), tokens_B)
+    picked_B = z_B_V.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1) - log_z_B
     return tokens_B.tolist(), picked_B.tolist()
 
 
@@ -62,7 +69,11 @@ def inverse_cdf(probs_B_V: torch.Tensor, uniforms_B: torch.Tensor) -> torch.Tens
     Rows need not be normalised (a nucleus cut leaves them short of 1). A token of zero mass
     adds nothing to the running sum, so it can never be the first to exceed the target.
     """
-    cdf_B_V = probs_B_V.cumsum(dim=-1)
+    return search_cdf(probs_B_V.cumsum(dim=-1), uniforms_B)
+
+
+def search_cdf(cdf_B_V: torch.Tensor, uniforms_B: torch.Tensor) -> torch.Tensor:
+    """``inverse_cdf`` over rows already summed up (``probs_B_V.cumsum(-1)``)."""
     total_B = cdf_B_V[:, -1]
     # Rounding could lift ``uniform * total`` to the total itself, past every token; keep the
     # target just below it, so the search always lands on a token with mass.
