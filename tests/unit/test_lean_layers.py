@@ -350,3 +350,24 @@ def test_an_input_changed_in_place_is_cast_again():
     assert again is not first
     assert torch.equal(again, x.to(torch.bfloat16))
     assert lean_layers_module._cast_input(x.clone(), torch.bfloat16) is not again
+
+
+def test_a_bfloat16_share_over_few_tokens_is_added_in_float32_by_the_product_itself():
+    from palaestra.models.lean_layers import WIDE_SHARE_ROWS, _add_weight_grad
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(48, 32, generator=generator))
+    start = torch.randn(48, 32, generator=generator)
+    errors = {}
+    for rows in (WIDE_SHARE_ROWS, WIDE_SHARE_ROWS + 1):
+        dy = torch.randn(rows, 48, generator=generator).bfloat16()
+        x = torch.randn(rows, 32, generator=generator).bfloat16()
+        weight.grad = start.clone()
+        _add_weight_grad(weight, dy, x)
+        assert weight.grad.dtype == torch.float32
+        exact = start.double() + dy.double().T @ x.double()
+        errors[rows] = float((weight.grad.double() - exact).abs().max())
+    # Up to WIDE_SHARE_ROWS tokens the share is summed in float32 (errors of float32's
+    # rounding); past it, the product is rounded to bfloat16 (8 bits) before the add.
+    assert errors[WIDE_SHARE_ROWS] < 1e-5
+    assert errors[WIDE_SHARE_ROWS + 1] > 1e-3
