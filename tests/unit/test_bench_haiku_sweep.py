@@ -24,7 +24,7 @@ def test_set_pairs_are_json_values_or_strings(sweep):
 
 def test_set_fields_override_the_preset_in_each_variant(sweep):
     preset = sweep.config_for(3e-5, 0.8, 24, 10, 42).recipe
-    assert (preset.dynamic_sampling, preset.train_micro_batch_size) == (False, 8)
+    assert (preset.dynamic_sampling, preset.train_micro_batch_size) == (False, 16)
     fields = sweep.parse_fields(["dynamic_sampling=true", "train_micro_batch_size=32"])
     changed = sweep.config_for(3e-5, 0.8, 24, 10, 42, **fields)
     assert (changed.recipe.dynamic_sampling, changed.recipe.train_micro_batch_size) == (True, 32)
