@@ -45,7 +45,8 @@ def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts
     got = load_file(checkpoint.path / "model.safetensors")
     assert got.keys() == expected.keys()
     # Sums in another order, and Adam's lr 1e-2 steps amplify them where a gradient is tiny:
-    # within 1e-5, as the one-learner Ray test allows (2 local ranks against one process,
-    # this run's settings: at most 9e-6, in up_proj).
+    # within 2e-5 (2 local ranks against one process, this run's settings: at most 9e-6 in
+    # up_proj while a prompt's keys reached its answers by indexing, 1.25e-5 in one element
+    # since they do by index_select, which sums the answers' gradients in another order).
     for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=2e-5)
