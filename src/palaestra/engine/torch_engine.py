@@ -144,8 +144,8 @@ class TorchEngine:
         them: each pick's digest is one no sent tensor has."""
         if self._discarded is not None:
             names = pick_names([name for name in sent if name in self._discarded], version)
-            dtype = {name: str(self._discarded[name][1]).removeprefix("torch.") for name in names}
-            return {name: (dtype[name], "nothing held") for name in names}
+            dtypes = {name: str(self._discarded[name][1]).removeprefix("torch.") for name in names}
+            return {name: (dtypes[name], "nothing held") for name in names}
         return held_digests(dict(self.model.named_parameters()), sent, version)
 
     def packed_weights(self) -> FusedPass | PackedLinears | None:
