@@ -37,15 +37,14 @@ number-guess: setup
 # packs no bfloat16 weights). On an AVX2-only CPU it changes nothing.
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 
-# Every tier in order, fastest first: unit, unit again on AVX2's code paths, then integration (Ray
-# and GPU included; GPU tests skip without CUDA), then the vLLM tier in the vLLM venv.
+# Every tier in order, fastest first: unit, unit again on AVX2's code paths, integration, ray (GPU
+# included; GPU tests skip without CUDA), then the vLLM tier in the vLLM venv.
 test: setup setup-vllm
 	@echo "==> tier unit (tests/unit)"
 	$(PY) -m pytest -q tests/unit
 	@echo "==> tier unit-avx2 (tests/unit with the CPU capped at AVX2: $(AVX2_ONLY))"
 	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
-	@echo "==> tier integration (tests/integration tests/ray tests/gpu)"
-	$(PY) -m pytest -q --durations=15 tests/integration tests/ray tests/gpu
+	@$(MAKE) --no-print-directory test-integration
 	@echo "==> tier vllm (tests/vllm, in $(VLLM_VENV))"
 	$(VLLM_PY) -m pytest -q tests/vllm
 
@@ -57,8 +56,14 @@ test-fast: setup
 test-avx2: setup
 	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 
+# tests/integration two files at a time (pytest-xdist; a file's tests stay on one worker, since
+# they share its fixtures); then tests/ray, one test at a time in one process: a Ray test beside
+# others under xdist lost its cluster's GCS and took the worker down with it.
 test-integration: setup
-	$(PY) -m pytest -q --durations=15 tests/integration tests/ray tests/gpu
+	@echo "==> tier integration (tests/integration, two files at a time)"
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests/integration
+	@echo "==> tier ray (tests/ray tests/gpu)"
+	$(PY) -m pytest -q --durations=10 tests/ray tests/gpu
 
 # Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
 bench-smoke: setup

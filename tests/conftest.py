@@ -41,6 +41,14 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_width(monkeypatch) -> None:
+    """The CLI's tables shrink to the terminal's width only where one is known (a tty, or
+    ``COLUMNS``); a test reads them as a pipe would. pytest-xdist's workers export
+    ``COLUMNS=80``, which would cut the columns a test expects whole."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An HF-format directory with a 2-layer, 32-wide Llama and the character tokenizer."""
