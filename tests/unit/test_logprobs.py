@@ -66,6 +66,25 @@ def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(monkeypatch
         assert torch.allclose(fast, ref, atol=1e-5)
 
 
+def test_a_loss_of_the_logprobs_alone_gets_their_gradient_without_an_entropy_term(monkeypatch):
+    import palaestra.algo.logprobs as head
+
+    monkeypatch.setattr(head, "TOKEN_CHUNK", 3)
+    monkeypatch.setattr(head, "VOCAB_CHUNK", 4)
+    torch.manual_seed(1)
+    hidden_N_D = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    weight_V_D = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    targets_N = torch.tensor([10, 3, 0, 4, 4, 9, 1])
+    upstream_N = torch.randn(7, dtype=torch.float64)
+    logits_N_V = hidden_N_D @ weight_V_D.T / 1.3
+    ref_N = torch.log_softmax(logits_N_V, -1).gather(-1, targets_N[:, None]).squeeze(-1)
+    ref_grads = torch.autograd.grad((ref_N * upstream_N).sum(), (hidden_N_D, weight_V_D))
+    fast_N, _ = chunked_token_logprobs(hidden_N_D, weight_V_D, targets_N, 1.3)
+    fast_grads = torch.autograd.grad((fast_N.double() * upstream_N).sum(), (hidden_N_D, weight_V_D))
+    for fast, ref in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(fast, ref, rtol=0, atol=1e-5)
+
+
 def test_the_heads_gradient_added_in_place_equals_autograds_and_adds_to_what_is_there(
     monkeypatch,
 ):

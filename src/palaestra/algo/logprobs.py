@@ -70,8 +70,9 @@ def _slices(total: int, size: int):
 
 def _logits(hidden_C_D, weight_v_D, bias_v, temperature: float) -> torch.Tensor:
     """Float32 logits / temperature of tokens ``hidden_C_D`` over one vocabulary slice (its
-    weight and bias already in the compute dtype)."""
-    return torch.nn.functional.linear(hidden_C_D, weight_v_D, bias_v).float() / temperature
+    weight and bias already in the compute dtype): a fresh tensor, the caller's to overwrite."""
+    z_C_v = torch.nn.functional.linear(hidden_C_D, weight_v_D, bias_v).float()
+    return z_C_v if temperature == 1.0 else z_C_v.div_(temperature)
 
 
 def _slice_params(weight_V_D, bias_V, vocab: slice, dtype):
@@ -102,19 +103,27 @@ class _HeadLogprobs(torch.autograd.Function):
             for vocab in _slices(V, VOCAB_CHUNK):
                 weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
                 z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
-                new_m_C = torch.maximum(m_C, z_C_v.amax(dim=-1))
-                rescale_C = torch.exp(m_C - new_m_C)
-                e_C_v = torch.exp(z_C_v - new_m_C[:, None])
-                s_C = s_C * rescale_C + e_C_v.sum(-1)
-                t_C = t_C * rescale_C + (e_C_v * z_C_v).sum(-1)
-                m_C = new_m_C
                 inside_C = (targets_C >= vocab.start) & (targets_C < vocab.stop)
                 offsets_C = (targets_C - vocab.start).clamp(0, z_C_v.shape[1] - 1)
                 here_C = z_C_v.gather(-1, offsets_C[:, None]).squeeze(-1)
                 picked_N[tokens] = torch.where(inside_C, here_C, picked_N[tokens])
+                new_m_C = torch.maximum(m_C, z_C_v.amax(dim=-1))
+                rescale_C = torch.exp(m_C - new_m_C)
+                # sum_v e_v z_v = sum_v e_v (z_v - m) + m s: the exponent's argument serves
+                # both sums, so the slice is walked by fewer vocabulary-wide passes.
+                shifted_C_v = z_C_v.sub_(new_m_C[:, None])
+                e_C_v = shifted_C_v.exp()
+                slice_s_C = e_C_v.sum(-1)
+                slice_t_C = torch.linalg.vecdot(e_C_v, shifted_C_v) + new_m_C * slice_s_C
+                s_C = s_C * rescale_C + slice_s_C
+                t_C = t_C * rescale_C + slice_t_C
+                m_C = new_m_C
             log_z_N[tokens] = m_C + s_C.log()
             expected_N[tokens] = t_C / s_C
         ctx.save_for_backward(hidden_N_D, weight_V_D, bias_V, targets_N, log_z_N, expected_N)
+        # An output no loss reads (the entropy, without an entropy term) comes back as None,
+        # not zeros, and its vocabulary-wide part of the gradient is skipped.
+        ctx.set_materialize_grads(False)
         ctx.temperature, ctx.dtype, ctx.in_place = temperature, dtype, in_place
         return picked_N - log_z_N, log_z_N - expected_N
 
@@ -138,35 +147,43 @@ class _HeadLogprobs(torch.autograd.Function):
         elif want_weight:
             grad_weight_V_D = new(weight_V_D, dtype=torch.float32)
         grad_bias_V = new(bias_V, dtype=torch.float32) if want_bias else None
+        # Per-token factors of the slice's gradient (see the loop), each over the temperature.
+        scaled_g_logprob_N1 = (grad_logprobs_N / temperature)[:, None]
+        if grad_entropy_N is not None:
+            entropy_a_N = -grad_entropy_N / temperature
+            entropy_b_N = -(grad_logprobs_N - grad_entropy_N * expected_N) / temperature
         for first, tokens in enumerate(_slices(N, TOKEN_CHUNK)):
             hidden_C_D, targets_C = hidden_N_D[tokens].to(dtype), targets_N[tokens]
-            log_z_C, g_logprob_C = log_z_N[tokens, None], grad_logprobs_N[tokens, None]
+            log_z_C = log_z_N[tokens, None]
             for vocab in _slices(V, VOCAB_CHUNK):
                 weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
                 z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
-                p_C_v = torch.exp(z_C_v - log_z_C)
-                # dL/dz = g_logprob * onehot(target) - p * (g_logprob + g_entropy * (z - E))
-                weight_C_v = g_logprob_C
-                if grad_entropy_N is not None:
-                    weight_C_v = (z_C_v - expected_N[tokens, None]) * grad_entropy_N[
-                        tokens, None
-                    ] + g_logprob_C
-                grad_z_C_v = -p_C_v * weight_C_v
+                # dL/dz = g_logprob * onehot(target) - p * (g_logprob + g_entropy * (z - E)),
+                # and dL/dlogits = dL/dz / temperature. Per-token factors a and b fold the
+                # sign and the temperature in: minus_weight = z * a + b (a = 0 without an
+                # entropy term), then p = exp(z - log Z) and p * minus_weight in place.
+                if grad_entropy_N is None:
+                    minus_weight_C_v = scaled_g_logprob_N1[tokens].neg()
+                else:
+                    minus_weight_C_v = torch.mul(z_C_v, entropy_a_N[tokens, None])
+                    minus_weight_C_v.add_(entropy_b_N[tokens, None])  # addcmul: 2.5x slower
+                grad_C_v = z_C_v.sub_(log_z_C).exp_().mul_(minus_weight_C_v)
                 inside_C = (targets_C >= vocab.start) & (targets_C < vocab.stop)
-                offsets_C = (targets_C - vocab.start).clamp(0, z_C_v.shape[1] - 1)
-                grad_z_C_v.scatter_add_(
-                    -1, offsets_C[:, None], (g_logprob_C.squeeze(-1) * inside_C)[:, None]
+                offsets_C = (targets_C - vocab.start).clamp(0, grad_C_v.shape[1] - 1)
+                grad_C_v.scatter_add_(
+                    -1, offsets_C[:, None], scaled_g_logprob_N1[tokens] * inside_C[:, None]
                 )
-                # z = logits / temperature: the chain rule divides once more.
-                grad_logits_C_v = (grad_z_C_v / temperature).to(dtype)
+                grad_logits_C_v = grad_C_v.to(dtype)
                 if want_hidden:
                     grad_hidden_N_D[tokens] += grad_logits_C_v @ weight_v_D
                 if want_weight:
-                    grad_v_D = (grad_logits_C_v.T @ hidden_C_D).float()
+                    # In the compute dtype, then cast into the float32 gradient as it is
+                    # written or added (one pass, not a cast and then a copy).
+                    grad_v_D = grad_logits_C_v.T @ hidden_C_D
                     if first == 0 and fresh:
-                        grad_weight_V_D[vocab] = grad_v_D
+                        grad_weight_V_D[vocab].copy_(grad_v_D)
                     else:
-                        grad_weight_V_D[vocab] += grad_v_D
+                        grad_weight_V_D[vocab].add_(grad_v_D)
                 if want_bias:
                     grad_b_v = grad_logits_C_v.float().sum(0)
                     if first == 0:
