@@ -251,10 +251,28 @@ def test_gradients_in_place_equal_autograds_over_weights_used_twice_in_each_of_t
         projections = {
             name.rsplit(".", 1)[-1] for name, m in model.named_modules() if "forward" in vars(m)
         }
-    # Per layer: the MLP, two norms and the four attention projections; and the final norm.
-    assert patched == 7 * model.config.num_hidden_layers + 1
-    assert {"q_proj", "k_proj", "v_proj", "o_proj", "mlp"} <= projections
+    # Per layer: the MLP, two norms and the four attention projections; the final norm and
+    # the input embedding.
+    assert patched == 7 * model.config.num_hidden_layers + 2
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "mlp", "embed_tokens"} <= projections
     assert not any("forward" in vars(module) for module in model.modules())
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_an_embeddings_gradient_in_place_is_autograds_and_skips_the_padding_row(padding_idx):
+    from palaestra.models.lean_layers import embedding_grads_in_place
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(7, 3, padding_idx=padding_idx)
+    ids = torch.tensor([[2, 5, 5, 0], [1, 2, 6, 5]])  # repeated rows sum; row 2 is padding
+    upstream = torch.randn(2, 4, 3)
+    (embedding(ids) * upstream).sum().backward()
+    expected = embedding.weight.grad.clone()
+    embedding.weight.grad = torch.ones(7, 3)  # what the head (a tied weight) left there
+    (embedding_grads_in_place(ids, embedding) * upstream).sum().backward()
+    torch.testing.assert_close(embedding.weight.grad, expected + 1, rtol=0, atol=1e-6)
+    assert (embedding.weight.grad[2] == 1).all() == (padding_idx == 2)
+    assert (embedding.weight.grad[[3, 4]] == 1).all()  # rows not looked up are left alone
 
 
 @pytest.mark.parametrize("in_place", [False, True])
