@@ -65,7 +65,7 @@ test-integration: setup
 	@echo "==> tier ray (tests/ray tests/gpu)"
 	$(PY) -m pytest -q --durations=10 tests/ray tests/gpu
 
-# Every benchmark's --smoke run (one small step each; bench/smoke.py): does each still run?
+# Every benchmark's --smoke run (one small step each; bench/smoke.py), two at a time: does each still run?
 bench-smoke: setup
 	$(PY) bench/smoke.py
 
