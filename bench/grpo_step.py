@@ -53,6 +53,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -340,7 +341,12 @@ def palaestra_worker(args: argparse.Namespace, channel: Channel) -> None:
         )
         return Lockstep(sampler, channel, run), learner
 
-    run_training(config, run, backend)
+    try:
+        run_training(config, run, backend)
+    finally:
+        # The figures went to the parent; the run's final checkpoint (1.6 GB for SmolLM2 with
+        # its optimiser state) would otherwise pile up in the user's home, a record at a time.
+        shutil.rmtree(run.path, ignore_errors=True)
 
 
 def load_tokenizer_of(model):
