@@ -61,6 +61,10 @@ def process_record(process: subprocess.Popen) -> dict[str, int | None]:
     return {"pid": process.pid, "pid_start": process_start_time(process.pid)}
 
 
+DUMP_WAIT_S = 1.0
+"""How long a process that ignored a stop gets to write its stacks before it is killed."""
+
+
 def stop_process(
     pid: int | None,
     start_time: int | None = None,
@@ -70,11 +74,14 @@ def stop_process(
     ended: Callable[[], bool] | None = None,
     process: subprocess.Popen | None = None,
     poll_s: float = 0.1,
+    dump: int | None = None,
 ) -> bool:
     """Ask ``pid`` to stop (SIGTERM to it, or with ``group`` to its whole process group), wait
     up to ``timeout`` seconds for ``ended()`` (default: the process is gone), then SIGKILL it if
     it still runs. ``process``, our own child, is reaped. Returns whether it had to be killed.
 
+    ``dump``, a signal on which the process writes its threads' stacks (a training worker's
+    SIGUSR1), is sent to it alone before the SIGKILL, so its log says where it was stuck.
     ``start_time`` guards against signalling a later process that reuses a dead one's pid."""
     if not pid_alive(pid, start_time):
         _reap(process)
@@ -85,6 +92,9 @@ def stop_process(
     while time.monotonic() < deadline and not ended():
         time.sleep(poll_s)
     killed = not ended() and pid_alive(pid, start_time)
+    if killed and dump is not None:
+        _signal(pid, dump, group=False)
+        time.sleep(DUMP_WAIT_S)
     if killed:
         _signal(pid, signal.SIGKILL, group)
     if killed or not pid_alive(pid, start_time):

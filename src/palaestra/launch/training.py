@@ -8,6 +8,7 @@ starts and stops the worker with the process helper endpoints use too.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -76,8 +77,9 @@ class TrainingRun(RunView):
             time.sleep(0.5)
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Ask the training process to stop (SIGTERM), wait for it, then force it (SIGKILL).
-        Completed checkpoints stay; the run's status becomes ``stopped``."""
+        """Ask the training process to stop (SIGTERM), wait for it, then force it (SIGKILL),
+        after asking it for its threads' stacks (SIGUSR1), which train.log keeps. Completed
+        checkpoints stay; the run's status becomes ``stopped``."""
         info = self.status_info()
         if info["state"] in FINAL_STATES:
             return
@@ -88,6 +90,7 @@ class TrainingRun(RunView):
             ended=lambda: self.status_info()["state"] in FINAL_STATES,
             process=self._process,
             poll_s=0.2,
+            dump=signal.SIGUSR1,
         )
         # Killed, or gone before it could install its handler: record what the user asked for.
         if self._run.file_state() not in FINAL_STATES:

@@ -65,3 +65,35 @@ def test_stack_dumps_on_sigusr1_never_end_the_process():
     names = [match["name"] for match in frames if match]
     assert names[names.index("churning_threads") + 1] == "<module>"
     assert all(int(match["line"]) > 0 for match in frames if match)
+
+
+STUCK = textwrap.dedent(
+    """
+    import signal, time
+    from palaestra.launch.worker import install_signal_handlers
+
+    install_signal_handlers()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a run that never gets to its stop
+
+    def stuck_in_a_reward():
+        while True:
+            time.sleep(0.01)
+
+    print("ready", flush=True)
+    stuck_in_a_reward()
+    """
+)
+
+
+def test_a_process_killed_after_ignoring_its_stop_first_writes_where_it_was():
+    from palaestra.launch.process import stop_process
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "ready"
+    killed = stop_process(child.pid, timeout=0.5, process=child, poll_s=0.05, dump=signal.SIGUSR1)
+    assert killed and child.returncode == -signal.SIGKILL
+    (dump,) = child.stderr.read().split("Current thread 0x")[1:]
+    names = [match["name"] for match in map(FRAME.match, dump.splitlines()) if match]
+    assert names[names.index("stuck_in_a_reward") + 1] == "<module>"
