@@ -149,6 +149,7 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_bias_V = new(bias_V, dtype=torch.float32) if want_bias else None
         # Per-token factors of the slice's gradient (see the loop), each over the temperature.
         scaled_g_logprob_N1 = (grad_logprobs_N / temperature)[:, None]
+        minus_g_logprob_N1 = -scaled_g_logprob_N1  # minus_weight without an entropy term
         if grad_entropy_N is not None:
             entropy_a_N = -grad_entropy_N / temperature
             entropy_b_N = -(grad_logprobs_N - grad_entropy_N * expected_N) / temperature
@@ -163,7 +164,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 # sign and the temperature in: minus_weight = z * a + b (a = 0 without an
                 # entropy term), then p = exp(z - log Z) and p * minus_weight in place.
                 if grad_entropy_N is None:
-                    minus_weight_C_v = scaled_g_logprob_N1[tokens].neg()
+                    minus_weight_C_v = minus_g_logprob_N1[tokens]
                 else:
                     minus_weight_C_v = torch.mul(z_C_v, entropy_a_N[tokens, None])
                     minus_weight_C_v.add_(entropy_b_N[tokens, None])  # addcmul: 2.5x slower
