@@ -99,10 +99,21 @@ def _fused(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layers' weights stacked (one product computes all their outputs), times ``norm``'s
     weight along their inputs where given, and packed; their biases likewise (zeros for a
-    layer without one), or None where none has one."""
-    weight = torch.cat([layer.weight.detach() for layer in layers])
-    if norm is not None:
-        weight = weight * norm.weight.to(weight.dtype)
+    layer without one), or None where none has one.
+
+    Packing copies the weight into oneDNN's layout, so a lone weight without a norm is packed
+    as it is, and stacked weights are scaled as they are stacked: one pass over them, not a
+    copy and then another (the engine packs every weight version, one step's in a run)."""
+    weights = [layer.weight.detach() for layer in layers]
+    if norm is None:
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+    else:
+        scale = norm.weight.to(weights[0].dtype)
+        weight = weights[0].new_empty(sum(w.shape[0] for w in weights), weights[0].shape[1])
+        first = 0
+        for part in weights:
+            torch.mul(part, scale, out=weight[first : first + part.shape[0]])
+            first += part.shape[0]
     bias = None
     if any(layer.bias is not None for layer in layers):
         bias = torch.cat(
