@@ -114,7 +114,11 @@ def main() -> None:
     print("| pass | products | rest |\n|---:|---:|---:|")
     print(f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms |")
     print(json.dumps(report))
-    headline = {"pass ms": report["pass_ms"], "products ms": report["products_ms"]}
+    headline = {
+        "rows": args.rows,
+        "pass ms": report["pass_ms"],
+        "products ms": report["products_ms"],
+    }
     record("decode_pass", args, report, headline | {"rest ms": report["rest_ms"]})
 
 
