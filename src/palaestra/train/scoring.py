@@ -35,7 +35,13 @@ import torch
 import torch.nn.functional as F
 
 from palaestra.algo.logprobs import chunked_token_logprobs
-from palaestra.models.kv_cache import cache_argument, has_plain_attention, select_rows
+from palaestra.models.kv_cache import (
+    cache_argument,
+    has_plain_attention,
+    plain_state,
+    restore_plain_state,
+    select_rows,
+)
 from palaestra.models.lean_layers import LEAN_ATTENTION, lean_layers
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
@@ -223,12 +229,11 @@ def continue_from_prefixes(
     out = decoder(inputs_embeds=prefix_P_T_D, use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
     # A pass grows the cache by its own keys and values: the next starts from the prefixes'.
-    kept = [(layer.keys, layer.values) for layer in cache.layers] if len(passes) > 1 else []
+    kept = plain_state(cache) if len(passes) > 1 else []
     hidden = []
     for index, (suffixes_R_S_D, group_R) in enumerate(passes):
         if index:
-            for layer, (keys, values) in zip(cache.layers, kept, strict=True):
-                layer.keys, layer.values = keys, values
+            restore_plain_state(cache, kept)
         select_rows(cache, group_R)
         device = suffixes_R_S_D.device
         rows, width = suffixes_R_S_D.shape[:2]
