@@ -119,17 +119,15 @@ def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
             layer.batch_select_indices(indices)
 
 
-def plain_state(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's keys and values as they are now, for ``restore_plain_state``: a pass over
-    the cache grows them, and ``select_rows`` replaces them. For plain attention layers only
+def merge_rows(cache: DynamicCache) -> None:
+    """Every layer's rows of keys and values laid end to end as one row (row p's positions
+    first p x T), which ``select_rows`` may then repeat: several prompts' keys for a pass whose
+    rows each read one of them (an attention mask says which). Plain attention layers only
     (``has_plain_attention``)."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def restore_plain_state(cache: DynamicCache, state: list[tuple[torch.Tensor, torch.Tensor]]):
-    """Put back the keys and values ``plain_state`` took from ``cache``."""
-    for layer, (keys, values) in zip(cache.layers, state, strict=True):
-        layer.keys, layer.values = keys, values
+    for layer in cache.layers:
+        rows, heads, positions, dim = layer.keys.shape
+        layer.keys = layer.keys.transpose(0, 1).reshape(1, heads, rows * positions, dim)
+        layer.values = layer.values.transpose(0, 1).reshape(1, heads, rows * positions, dim)
 
 
 def has_plain_attention(config) -> bool:
