@@ -204,15 +204,15 @@ def test_samples_of_one_prompt_share_its_pass_with_equal_results(
     upstream_B_T = torch.randn(mask_B_T.shape, generator=torch.Generator().manual_seed(0))
 
     # The lone prompt's row runs alone; with SDPA both groups' prompts run in one pass and
-    # all their answers after them in another, several to a row (pack_answers): positions after
-    # the prompts 6, 20, 5 and 6, 14, 2 make rows 20 + 6 and 14 + 6 + 5 + 2 here (a boolean
-    # mask keeps each answer to its own prompt and its own tokens), so SDPA takes 1 + 1 + 1
-    # passes. Other attention takes no boolean mask: each group runs a pass over its prompt
-    # and one over its answers, one to a row, so 1 + 2 + 2.
+    # all their answers after them in another, each group's answers in one row here
+    # (pack_answers): positions after the prompts 6, 20, 5 and 6, 14, 2, under a boolean mask
+    # that keeps each answer to its own prompt's real positions and its own tokens. So SDPA
+    # takes 1 + 1 + 1 passes. Other attention takes no boolean mask: each group runs a pass
+    # over its prompt and one over its answers, one to a row, so 1 + 2 + 2.
     from palaestra.train.scoring import key_cost, pack_answers
 
     cost = key_cost(fast_model.get_decoder())
-    assert pack_answers([6, 20, 5, 6, 14, 2], 2 * 15, cost) == [[1, 0], [4, 3, 2, 5]]
+    assert pack_answers([6, 20, 5], 15, cost) == pack_answers([6, 14, 2], 2, cost) == [[1, 0, 2]]
     calls = []
     fast_model.get_decoder().register_forward_hook(lambda *args: calls.append(1))
     fast_logprobs_B_T, fast_entropy_B_T = score_tokens(
@@ -239,11 +239,11 @@ def test_samples_of_one_prompt_share_its_pass_with_equal_results(
 def test_answers_pack_into_the_rows_that_cost_least():
     from palaestra.train.scoring import pack_answers
 
-    # 53 positions, the longest answer 20; 30 keys of prompts. Longest first: 1, 4, 0, 3, 2, 5.
+    # 53 positions, the longest answer 20, after a prompt of 30 keys. First fit, longest first
+    # (1, 4, 0, 3, 2, 5), into rows of at most 20 or 21 positions: 20 | 14 + 6 | 6 + 5 + 2,
+    # 60 positions over 30 + 20 keys; of at most 27: 20 + 6 | 14 + 6 + 5 + 2, 54 over 30 + 27;
+    # of 53: one row, 53 over 30 + 53. Every other limit up to 53 gives a dearer layout.
     lengths = [6, 20, 5, 6, 14, 2]
-    # Rows of 20 (any count from 3 to 6 rows gives these): 20 | 14 + 6 | 6 + 5 + 2, 60
-    # positions over 30 + 20 keys. Two rows of 27: 20 + 6 | 14 + 6 + 5 + 2, 54 positions over
-    # 30 + 27 keys. One row: 53 positions over 30 + 53 keys.
     # Attention dear (10 keys cost a token's products): 60 x 6 = 360 beats 54 x 6.7 = 361.8.
     assert pack_answers(lengths, 30, 10) == [[1], [4, 0], [3, 2, 5]]
     # At 1,000: 54 x 1.057 = 57.08 beats one row's 53 x 1.083 = 57.40 and 60 x 1.05 = 63.

@@ -119,17 +119,6 @@ def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
             layer.batch_select_indices(indices)
 
 
-def merge_rows(cache: DynamicCache) -> None:
-    """Every layer's rows of keys and values laid end to end as one row (row p's positions
-    first p x T), which ``select_rows`` may then repeat: several prompts' keys for a pass whose
-    rows each read one of them (an attention mask says which). Plain attention layers only
-    (``has_plain_attention``)."""
-    for layer in cache.layers:
-        rows, heads, positions, dim = layer.keys.shape
-        layer.keys = layer.keys.transpose(0, 1).reshape(1, heads, rows * positions, dim)
-        layer.values = layer.values.transpose(0, 1).reshape(1, heads, rows * positions, dim)
-
-
 def has_plain_attention(config) -> bool:
     """Whether every layer of a model with ``config`` is full attention over a growing cache
     of keys and values (no sliding window, no linear attention)."""

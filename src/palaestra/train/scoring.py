@@ -13,15 +13,15 @@ that changes no number:
   ``.grad``) and a round of small-op overheads, and larger passes make larger, faster matmuls:
   with two groups of 8 a micro-batch, the update of ``bench/update_profile.py`` took 13% less
   time than with a pair of passes per group.
-- The answers' pass packs several answers end to end into a row (``pack_answers``), each
-  attending to its own prompt and its own tokens under a boolean mask, rather than padding
+- The answers' pass packs a group's answers end to end, several to a row (``pack_answers``),
+  each attending to its prompt and its own tokens under a boolean mask, rather than padding
   every answer to the longest: answers sampled at temperature 1 end anywhere, and padding
-  costs every product in full. On ``bench/update_profile.py``'s step (32 answers of 21 to 49
-  positions, which one to a row pads to 49), the products' share of the update fell from
-  9.0 to 7.6 s (profiled, 2-core AVX2 EPYC); with the tutorial's answers of at most 20
-  tokens the update took 6.0-6.8 s against 7.4-8.0 s padded in two length buckets. Attention
-  other than SDPA's takes no boolean mask: there a group's answers run one to a row,
-  right-padded, where causal attention needs no mask.
+  costs every product in full. ``bench/update_profile.py``'s update (groups of 8 answers of
+  21 to 49 positions) took 11.4-11.6 s against 12.7-13.0 s with the answers one to a row in
+  two length buckets, and 6.2-6.6 s against 7.5 s with the tutorial's answers of at most 20
+  tokens (medians of 3, the two versions run in turn, 2-core AVX2 EPYC). Attention other
+  than SDPA's takes no boolean mask: there a group's answers run one to a row, right-padded,
+  where causal attention needs no mask.
 - The lm head runs only at scored positions, a chunk at a time (``algo.logprobs``).
 - Matmuls run in bfloat16 under autocast when the recipe's precision resolves to it.
 - SwiGLU MLPs and RMSNorms keep only what their backward cannot cheaply recompute
@@ -42,7 +42,6 @@ from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.models.kv_cache import (
     cache_argument,
     has_plain_attention,
-    merge_rows,
     select_rows,
 )
 from palaestra.models.lean_layers import LEAN_ATTENTION, lean_layers
@@ -144,37 +143,31 @@ SDPA_LIKE = frozenset({"sdpa", LEAN_ATTENTION})
 def _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups, pack):
     """The final hidden states of the scored positions of ``groups`` (each ``(rows, start)``:
     rows sharing their first ``start`` tokens), their prefixes run together in one pass and
-    every row's own tokens after them in a second, several answers to a row where ``pack``
-    (``pack_answers``); with their batch rows and columns."""
+    every row's own tokens after them in a second, a group's answers several to a row where
+    ``pack`` (``pack_answers``); with their batch rows and columns."""
     device = scored_B_T.device
-    rows = [b for group_rows, _ in groups for b in group_rows]
-    starts_A = [start for group_rows, start in groups for _ in group_rows]
-    group_of_A = [g for g, (group_rows, _) in enumerate(groups) for _ in group_rows]
-    lengths_A = [lengths_B[b] - start for b, start in zip(rows, starts_A, strict=True)]
-    if pack:
-        prefix_keys = len(groups) * max(start for _, start in groups)
-        layout = pack_answers(lengths_A, prefix_keys, key_cost(decoder))
-    else:
-        layout = [[a] for a in range(len(rows))]
-    answers = [
-        [
-            (embeds_B_T_D[rows[a], starts_A[a] : starts_A[a] + lengths_A[a]], group_of_A[a])
-            for a in row
-        ]
-        for row in layout
+    cost = key_cost(decoder)
+    layout = []  # (group, its answers in the row: (batch row, first column, length))
+    for g, (group_rows, start) in enumerate(groups):
+        lengths = [lengths_B[b] - start for b in group_rows]
+        packed = pack_answers(lengths, start, cost) if pack else [[i] for i in range(len(lengths))]
+        layout += [(g, [(group_rows[i], start, lengths[i]) for i in row]) for row in packed]
+    rows = [
+        (g, [embeds_B_T_D[b, first : first + length] for b, first, length in answers])
+        for g, answers in layout
     ]
     prefixes = [embeds_B_T_D[group_rows[0], :start] for group_rows, start in groups]
-    hidden_R_W_D = continue_from_prefixes(decoder, prefixes, answers)
+    hidden_R_W_D = continue_from_prefixes(decoder, prefixes, rows)
     # Every answer position's place in the pass (row, column) and in the batch (row, column).
     r_N, w_N, b_N, t_N = [], [], [], []
-    for r, row in enumerate(layout):
+    for r, (_, answers) in enumerate(layout):
         offset = 0
-        for a in row:
-            r_N += [r] * lengths_A[a]
-            w_N += range(offset, offset + lengths_A[a])
-            b_N += [rows[a]] * lengths_A[a]
-            t_N += range(starts_A[a], starts_A[a] + lengths_A[a])
-            offset += lengths_A[a]
+        for b, first, length in answers:
+            r_N += [r] * length
+            w_N += range(offset, offset + length)
+            b_N += [b] * length
+            t_N += range(first, first + length)
+            offset += length
     r_N, w_N, b_N, t_N = (torch.tensor(v, device=device) for v in (r_N, w_N, b_N, t_N))
     where_N = scored_B_T[b_N, t_N]
     return hidden_R_W_D[r_N[where_N], w_N[where_N]], b_N[where_N], t_N[where_N]
@@ -191,31 +184,30 @@ def key_cost(decoder: torch.nn.Module) -> float:
 
 
 def pack_answers(lengths_A: list[int], prefix_keys: int, key_cost: float) -> list[list[int]]:
-    """Answers (their indices, by their lengths ``lengths_A``) laid out in rows for one pass:
-    each row holds whole answers end to end, right-padded to the longest row.
+    """A group's answers (their indices, by their lengths ``lengths_A``) laid out in rows for
+    one pass: each row holds whole answers end to end, right-padded to the longest row.
 
-    A position costs its token's products, plus attention over ``prefix_keys`` keys of the
-    prompts and the row's own positions (``key_cost`` keys cost a token's products). Of the
-    layouts first fit gives for rows as long as the longest answer (one answer a row, padded
-    to the longest) up to one row of all, each row as long as an even share needs, the
-    cheapest. Answers sampled at temperature 1 end anywhere: in ``bench/grpo_step.py``'s step,
-    answers of 24 to 48 tokens average about 36, so one a row computes a quarter of the pass's
-    positions for nothing."""
+    A position costs its token's products, plus attention over the ``prefix_keys`` keys of
+    the prompt and the row's own positions (``key_cost`` keys cost a token's products). Of the
+    layouts first fit (longest answers first) gives into rows of at most W positions, for W
+    from the longest answer (one answer a row, right-padded) up to four times it, the
+    cheapest. Answers sampled at temperature 1 end anywhere: in ``bench/update_profile.py``'s
+    step, a group's 8 answers of 21 to 49 positions padded to its longest compute a fifth of
+    its positions for nothing; packed, a few hundredths."""
     order = sorted(range(len(lengths_A)), key=lambda a: -lengths_A[a])
-    longest, total = lengths_A[order[0]], sum(lengths_A)
+    longest = lengths_A[order[0]]
     best, best_cost = [], float("inf")
-    for count in range(len(lengths_A), 0, -1):
-        width = max(longest, -(-total // count))
+    for limit in range(longest, min(sum(lengths_A), 4 * longest) + 1, max(1, longest // 32)):
         layout, room = [], []
-        for a in order:  # first fit, longest first
+        for a in order:
             fits = next((r for r, free in enumerate(room) if lengths_A[a] <= free), None)
             if fits is None:
                 layout.append([a])
-                room.append(width - lengths_A[a])
+                room.append(limit - lengths_A[a])
             else:
                 layout[fits].append(a)
                 room[fits] -= lengths_A[a]
-        width -= min(room)  # the longest row
+        width = limit - min(room)  # the longest row
         cost = len(layout) * width * (1 + (prefix_keys + width) / key_cost)
         if cost < best_cost:
             best, best_cost = layout, cost
@@ -231,16 +223,16 @@ def _window(embeds_T_D: torch.Tensor, start: int, width: int) -> torch.Tensor:
 def continue_from_prefixes(
     decoder: torch.nn.Module,
     prefixes: list[torch.Tensor],
-    rows: list[list[tuple[torch.Tensor, int]]],
+    rows: list[tuple[int, list[torch.Tensor]]],
 ) -> torch.Tensor:
-    """Final hidden states ``[R, W, D]`` of ``rows``: each a list of answers (input
-    embeddings ``[S, D]``, and the index among ``prefixes`` (each ``[T_p, D]``) of the one it
-    follows) end to end, right-padded to the longest row.
+    """Final hidden states ``[R, W, D]`` of ``rows``: each the index of one of ``prefixes``
+    (each ``[T_p, D]``) and answers (input embeddings ``[S, D]``) that follow it, end to end,
+    right-padded to the longest row.
 
     The prefixes run once, together, right-padded to the longest; every answer then attends
-    to its own prefix's real positions and causally to its own tokens, as if it stood alone
-    after its prefix (a boolean mask, where a row holds several answers or there are several
-    prefixes). Autograd sums the answers' gradients into the prefix they read.
+    to its prefix's real positions and causally to its own tokens, as if it stood alone after
+    its prefix (a boolean mask, where a row holds several answers or the prefixes differ in
+    length). Autograd sums the answers' gradients into the prefix they read.
     """
     starts_P = [prefix.shape[0] for prefix in prefixes]
     longest = max(starts_P)
@@ -248,39 +240,32 @@ def continue_from_prefixes(
     out = decoder(inputs_embeds=prefix_P_T_D, use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
     device = prefix_P_T_D.device
-    width = max(sum(answer.shape[0] for answer, _ in row) for row in rows)
-    embeds, answer_R_W, prefix_R_W, place_R_W = [], [], [], []
-    for row in rows:
-        lengths = [answer.shape[0] for answer, _ in row]
+    width = max(sum(answer.shape[0] for answer in answers) for _, answers in rows)
+    embeds, answer_R_W, place_R_W = [], [], []
+    for _, answers in rows:
+        lengths = [answer.shape[0] for answer in answers]
         pad = width - sum(lengths)
-        embeds.append(_window(torch.cat([answer for answer, _ in row]), 0, width))
-        # Padding is an answer of its own (-1) after no prefix: it reads nothing real, and
-        # nothing real reads it.
+        embeds.append(_window(torch.cat(answers), 0, width))
+        # Padding is an answer of its own (-1): nothing real reads it.
         answer_R_W.append([a for a, n in enumerate(lengths) for _ in range(n)] + [-1] * pad)
-        prefix_R_W.append([p for (_, p), n in zip(row, lengths, strict=True) for _ in range(n)])
-        prefix_R_W[-1] += [-1] * pad
         place_R_W.append([i for n in lengths for i in range(n)] + [0] * pad)
-    answer_R_W, prefix_R_W, place_R_W = (
-        torch.tensor(v, device=device) for v in (answer_R_W, prefix_R_W, place_R_W)
-    )
-    start_R_W = torch.tensor(starts_P, device=device)[prefix_R_W.clamp(min=0)]
-    start_R_W[prefix_R_W < 0] = 0
+    answer_R_W, place_R_W = (torch.tensor(v, device=device) for v in (answer_R_W, place_R_W))
+    prefix_R = torch.tensor([p for p, _ in rows], device=device)
+    start_R = torch.tensor(starts_P, device=device)[prefix_R]
     masks = {}
-    if len(prefixes) > 1 or any(len(row) > 1 for row in rows):
-        # The prefixes end to end make one row of keys that every row reads: a position sees
-        # its own prefix's real positions, then its own answer's, causally.
-        merge_rows(cache)
-        keys = torch.arange(len(prefixes) * longest, device=device)
-        own_prefix_R_W_K = (keys // longest == prefix_R_W[..., None]) & (
-            keys % longest < start_R_W[..., None]
-        )
+    if len(set(starts_P)) > 1 or any(len(answers) > 1 for _, answers in rows):
+        # A position sees its prefix's real positions (the rest is padding, where prefixes
+        # differ in length), then its own answer's, causally.
+        prefix_R_K = torch.arange(longest, device=device) < start_R[:, None]
         causal_W_W = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        own_answer_R_W_W = (answer_R_W[..., None] == answer_R_W[:, None, :]) & causal_W_W
-        masks["attention_mask"] = torch.cat([own_prefix_R_W_K, own_answer_R_W_W], dim=-1)[:, None]
-    select_rows(cache, torch.zeros(len(rows), dtype=torch.long, device=device))
+        own_R_W_W = (answer_R_W[..., None] == answer_R_W[:, None, :]) & causal_W_W
+        masks["attention_mask"] = torch.cat(
+            [prefix_R_K[:, None, :].expand(-1, width, -1), own_R_W_W], dim=-1
+        )[:, None]
+    select_rows(cache, prefix_R)
     return decoder(
         inputs_embeds=torch.stack(embeds),
-        position_ids=start_R_W + place_R_W,
+        position_ids=start_R[:, None] + place_R_W,
         use_cache=True,
         **{cache_argument(decoder): cache},
         **masks,
