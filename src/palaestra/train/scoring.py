@@ -178,9 +178,9 @@ def key_cost(decoder: torch.nn.Module) -> float:
     layer: the products take 2 FLOPs a weight, attention 4 a hidden width a key, taken at a
     third of the products' speed (packed answers' attention ran at about half on a 2-core AVX2
     EPYC: 66 GFLOP/s forward and backward, the products 110-130). SmolLM2-135M: about 1,000."""
-    layer = decoder.layers[0]
-    weights = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
-    return weights / (6 * decoder.config.hidden_size)
+    config = decoder.config
+    weights = sum(m.weight.numel() for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    return weights / config.num_hidden_layers / (6 * config.hidden_size)
 
 
 def pack_answers(lengths_A: list[int], prefix_keys: int, key_cost: float) -> list[list[int]]:
