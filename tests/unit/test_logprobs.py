@@ -188,7 +188,7 @@ def grouped_batch(tokenizer):
     return build_train_batch(samples, advantages, tokenizer.pad_token_id)
 
 
-@pytest.mark.parametrize("attention, passes", [("sdpa", 3), ("eager", 5)])
+@pytest.mark.parametrize("attention, passes", [("sdpa", 4), ("eager", 7)])
 def test_samples_of_one_prompt_share_its_pass_with_equal_results(
     tokenizer, grouped_batch, attention, passes
 ):
@@ -204,15 +204,12 @@ def test_samples_of_one_prompt_share_its_pass_with_equal_results(
     upstream_B_T = torch.randn(mask_B_T.shape, generator=torch.Generator().manual_seed(0))
 
     # The lone prompt's row runs alone; with SDPA both groups' prompts run in one pass and
-    # all their answers after them in another, each group's answers in one row here
-    # (pack_answers): positions after the prompts 6, 20, 5 and 6, 14, 2, under a boolean mask
-    # that keeps each answer to its own prompt's real positions and its own tokens. So SDPA
-    # takes 1 + 1 + 1 passes. Other attention takes no boolean mask: each group runs a pass
-    # over its prompt and one over its answers, one to a row, so 1 + 2 + 2.
-    from palaestra.train.scoring import key_cost, pack_answers
-
-    cost = key_cost(fast_model.get_decoder())
-    assert pack_answers([6, 20, 5], 15, cost) == pack_answers([6, 14, 2], 2, cost) == [[1, 0, 2]]
+    # their answers after them (a boolean mask keeps each row to its own prompt), with other
+    # attention each group runs its own. Answers run as two passes where one would pad too
+    # much (length_buckets): positions after the prompts 6, 20, 5 and 6, 14, 2. Together, 6 x 20
+    # = 120 padded, split 20, 14 | 6, 6, 5, 2: 2 x 20 + 4 x 6 = 64, so SDPA takes 1 + 1 + 2
+    # passes. Apart, 6, 20, 5: 60, split 20 | 6, 5: 32; 6, 14, 2: 42, split 14 | 6, 2: 26; so
+    # the others take 1 + 3 + 3.
     calls = []
     fast_model.get_decoder().register_forward_hook(lambda *args: calls.append(1))
     fast_logprobs_B_T, fast_entropy_B_T = score_tokens(
@@ -236,22 +233,19 @@ def test_samples_of_one_prompt_share_its_pass_with_equal_results(
         assert torch.allclose(fast.grad, plain.grad, atol=FLOAT32_TOLERANCE), name
 
 
-def test_answers_pack_into_the_rows_that_cost_least():
-    from palaestra.train.scoring import pack_answers
+def test_answers_split_into_two_passes_only_where_padding_wastes_a_tenth():
+    from palaestra.train.scoring import length_buckets
 
-    # 53 positions, the longest answer 20, after a prompt of 30 keys. First fit, longest first
-    # (1, 4, 0, 3, 2, 5), into rows of at most 20 or 21 positions: 20 | 14 + 6 | 6 + 5 + 2,
-    # 60 positions over 30 + 20 keys; of at most 27: 20 + 6 | 14 + 6 + 5 + 2, 54 over 30 + 27;
-    # of 53: one row, 53 over 30 + 53. Every other limit up to 53 gives a dearer layout.
-    lengths = [6, 20, 5, 6, 14, 2]
-    # Attention dear (10 keys cost a token's products): 60 x 6 = 360 beats 54 x 6.7 = 361.8.
-    assert pack_answers(lengths, 30, 10) == [[1], [4, 0], [3, 2, 5]]
-    # At 1,000: 54 x 1.057 = 57.08 beats one row's 53 x 1.083 = 57.40 and 60 x 1.05 = 63.
-    assert pack_answers(lengths, 30, 1000) == [[1, 0], [4, 3, 2, 5]]
-    # Attention nearly free: one row, the fewest positions.
-    assert pack_answers(lengths, 30, 1e6) == [[1, 4, 0, 3, 2, 5]]
-    # A lone answer has its own row.
-    assert pack_answers([7], 0, 1000) == [[0]]
+    # Equal lengths, or nearly: one pass, rows in their own order.
+    assert length_buckets([20, 20, 20, 20]) == [[0, 1, 2, 3]]
+    # 48, 47, 46, 45: padded 4 x 48 = 192; the best split (48 | 47, 46, 45: 48 + 3 x 47 =
+    # 189) saves under a tenth.
+    assert length_buckets([45, 48, 46, 47]) == [[0, 1, 2, 3]]
+    # 48, 48, 30, 10: padded 192; 48 | ...: 48 + 3 x 48; 48, 48 | 30, 10: 96 + 2 x 30 = 156;
+    # 48, 48, 30 | 10: 144 + 10 = 154, the least (a fifth saved): the longest three, then 10.
+    assert length_buckets([10, 48, 30, 48]) == [[1, 3, 2], [0]]
+    # A lone row has nothing to split.
+    assert length_buckets([7]) == [[0]]
 
 
 def test_micro_batches_keep_a_prompts_samples_together(grouped_batch):

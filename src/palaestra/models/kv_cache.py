@@ -119,6 +119,19 @@ def select_rows(cache: DynamicCache, indices: torch.Tensor) -> None:
             layer.batch_select_indices(indices)
 
 
+def plain_state(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's keys and values as they are now, for ``restore_plain_state``: a pass over
+    the cache grows them, and ``select_rows`` replaces them. For plain attention layers only
+    (``has_plain_attention``)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def restore_plain_state(cache: DynamicCache, state: list[tuple[torch.Tensor, torch.Tensor]]):
+    """Put back the keys and values ``plain_state`` took from ``cache``."""
+    for layer, (keys, values) in zip(cache.layers, state, strict=True):
+        layer.keys, layer.values = keys, values
+
+
 def has_plain_attention(config) -> bool:
     """Whether every layer of a model with ``config`` is full attention over a growing cache
     of keys and values (no sliding window, no linear attention)."""

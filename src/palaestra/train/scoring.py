@@ -13,15 +13,11 @@ that changes no number:
   ``.grad``) and a round of small-op overheads, and larger passes make larger, faster matmuls:
   with two groups of 8 a micro-batch, the update of ``bench/update_profile.py`` took 13% less
   time than with a pair of passes per group.
-- The answers' pass packs a group's answers end to end, several to a row (``pack_answers``),
-  each attending to its prompt and its own tokens under a boolean mask, rather than padding
-  every answer to the longest: answers sampled at temperature 1 end anywhere, and padding
-  costs every product in full. ``bench/update_profile.py``'s update (groups of 8 answers of
-  21 to 49 positions) took 11.4-11.6 s against 12.7-13.0 s with the answers one to a row in
-  two length buckets, and 6.2-6.6 s against 7.5 s with the tutorial's answers of at most 20
-  tokens (medians of 3, the two versions run in turn, 2-core AVX2 EPYC). Attention other
-  than SDPA's takes no boolean mask: there a group's answers run one to a row, right-padded,
-  where causal attention needs no mask.
+- Rows are right-padded, so with causal attention no real token sees padding and no attention
+  mask is needed. Where padding every answer to the longest would waste a tenth of the
+  answers' pass, its rows run as two passes over the same prompt pass, the longest and the
+  rest (``length_buckets``): on ``bench/update_profile.py``'s answers of 24 to 48 tokens, the
+  update took 5% less time (13.39 -> 12.68 s, 2-core AVX2 EPYC).
 - The lm head runs only at scored positions, a chunk at a time (``algo.logprobs``).
 - Matmuls run in bfloat16 under autocast when the recipe's precision resolves to it.
 - SwiGLU MLPs and RMSNorms keep only what their backward cannot cheaply recompute
@@ -42,6 +38,8 @@ from palaestra.algo.logprobs import chunked_token_logprobs
 from palaestra.models.kv_cache import (
     cache_argument,
     has_plain_attention,
+    plain_state,
+    restore_plain_state,
     select_rows,
 )
 from palaestra.models.lean_layers import LEAN_ATTENTION, lean_layers
@@ -117,7 +115,7 @@ def score_tokens(
         # other than SDPA's takes no boolean mask; there each group runs its own two passes.
         merge = getattr(model.config, "_attn_implementation", None) in SDPA_LIKE
         for groups in [shared] if merge and shared else [[group] for group in shared]:
-            found = _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups, merge)
+            found = _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups)
             for parts, part in zip((hidden, rows_N, cols_N), found, strict=True):
                 parts.append(part)
         rows_N, cols_N = torch.cat(rows_N), torch.cat(cols_N)
@@ -140,78 +138,69 @@ SDPA_LIKE = frozenset({"sdpa", LEAN_ATTENTION})
 """Attention implementations that read a boolean 4D mask as "may attend"."""
 
 
-def _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups, pack):
+def _after_prefixes(decoder, embeds_B_T_D, scored_B_T, lengths_B, groups):
     """The final hidden states of the scored positions of ``groups`` (each ``(rows, start)``:
     rows sharing their first ``start`` tokens), their prefixes run together in one pass and
-    every row's own tokens after them in a second, a group's answers several to a row where
-    ``pack`` (``pack_answers``); with their batch rows and columns."""
+    every row's own tokens after them (in one pass, or two where ``length_buckets`` says so);
+    with their batch rows and columns."""
     device = scored_B_T.device
-    cost = key_cost(decoder)
-    layout = []  # (group, its answers in the row: (batch row, first column, length))
-    for g, (group_rows, start) in enumerate(groups):
-        lengths = [lengths_B[b] - start for b in group_rows]
-        packed = pack_answers(lengths, start, cost) if pack else [[i] for i in range(len(lengths))]
-        layout += [(g, [(group_rows[i], start, lengths[i]) for i in row]) for row in packed]
-    rows = [
-        (g, [embeds_B_T_D[b, first : first + length] for b, first, length in answers])
-        for g, answers in layout
-    ]
+    rows = [b for group_rows, _ in groups for b in group_rows]
+    starts_R = [start for group_rows, start in groups for _ in group_rows]
+    group_of_R = [g for g, (group_rows, _) in enumerate(groups) for _ in group_rows]
+    lengths_R = [lengths_B[b] - start for b, start in zip(rows, starts_R, strict=True)]
+    buckets = length_buckets(lengths_R)
+    passes = []
+    for bucket in buckets:
+        width = max(lengths_R[i] for i in bucket)
+        suffixes_R_S_D = torch.stack(
+            [_window(embeds_B_T_D[rows[i]], starts_R[i], width) for i in bucket]
+        )
+        passes.append(
+            (suffixes_R_S_D, torch.tensor([group_of_R[i] for i in bucket], device=device))
+        )
     prefixes = [embeds_B_T_D[group_rows[0], :start] for group_rows, start in groups]
-    hidden_R_W_D = continue_from_prefixes(decoder, prefixes, rows)
-    # Every answer position's place in the pass (row, column) and in the batch (row, column).
-    r_N, w_N, b_N, t_N = [], [], [], []
-    for r, (_, answers) in enumerate(layout):
-        offset = 0
-        for b, first, length in answers:
-            r_N += [r] * length
-            w_N += range(offset, offset + length)
-            b_N += [b] * length
-            t_N += range(first, first + length)
-            offset += length
-    r_N, w_N, b_N, t_N = (torch.tensor(v, device=device) for v in (r_N, w_N, b_N, t_N))
-    where_N = scored_B_T[b_N, t_N]
-    return hidden_R_W_D[r_N[where_N], w_N[where_N]], b_N[where_N], t_N[where_N]
+    last = scored_B_T.shape[1] - 1  # a row of a later start reads past the batch
+    found = []
+    for bucket, hidden_R_S_D in zip(
+        buckets, continue_from_prefixes(decoder, prefixes, passes), strict=True
+    ):
+        rows_R = torch.tensor([rows[i] for i in bucket], device=device)
+        starts = torch.tensor([starts_R[i] for i in bucket], device=device)
+        cols_R_S = starts[:, None] + torch.arange(hidden_R_S_D.shape[1], device=device)
+        where_R_S = scored_B_T[rows_R[:, None], cols_R_S.clamp(max=last)] & (cols_R_S <= last)
+        r, s = where_R_S.nonzero(as_tuple=True)
+        found.append((hidden_R_S_D[where_R_S], rows_R[r], cols_R_S[r, s]))
+    if len(found) == 1:
+        return found[0]
+    return tuple(torch.cat(parts) for parts in zip(*found, strict=True))
 
 
-def key_cost(decoder: torch.nn.Module) -> float:
-    """How many keys a query attends over for about the cost of its token's products in a
-    layer: the products take 2 FLOPs a weight, attention 4 a hidden width a key, taken at a
-    third of the products' speed (packed answers' attention ran at about half on a 2-core AVX2
-    EPYC: 66 GFLOP/s forward and backward, the products 110-130). SmolLM2-135M: about 1,000."""
-    config = decoder.config
-    weights = sum(m.weight.numel() for m in decoder.modules() if isinstance(m, torch.nn.Linear))
-    return weights / config.num_hidden_layers / (6 * config.hidden_size)
+SPLIT_SAVING = 0.1
+"""The share of an answers pass's positions that padding every row to the longest must waste
+before its rows run as two passes (``length_buckets``)."""
 
 
-def pack_answers(lengths_A: list[int], prefix_keys: int, key_cost: float) -> list[list[int]]:
-    """A group's answers (their indices, by their lengths ``lengths_A``) laid out in rows for
-    one pass: each row holds whole answers end to end, right-padded to the longest row.
+def length_buckets(lengths_R: list[int]) -> list[list[int]]:
+    """The rows of an answers pass (their indices, by their lengths ``lengths_R``): all in one
+    pass, in their order, or, where right-padding them all to the longest would waste at least
+    ``SPLIT_SAVING`` of its positions, in two passes (the longest rows, then the rest), split
+    where the two pad least.
 
-    A position costs its token's products, plus attention over the ``prefix_keys`` keys of
-    the prompt and the row's own positions (``key_cost`` keys cost a token's products). Of the
-    layouts first fit (longest answers first) gives into rows of at most W positions, for W
-    from the longest answer (one answer a row, right-padded) up to four times it, the
-    cheapest. Answers sampled at temperature 1 end anywhere: in ``bench/update_profile.py``'s
-    step, a group's 8 answers of 21 to 49 positions padded to its longest compute a fifth of
-    its positions for nothing; packed, a few hundredths."""
-    order = sorted(range(len(lengths_A)), key=lambda a: -lengths_A[a])
-    longest = lengths_A[order[0]]
-    best, best_cost = [], float("inf")
-    for limit in range(longest, min(sum(lengths_A), 4 * longest) + 1, max(1, longest // 32)):
-        layout, room = [], []
-        for a in order:
-            fits = next((r for r, free in enumerate(room) if lengths_A[a] <= free), None)
-            if fits is None:
-                layout.append([a])
-                room.append(limit - lengths_A[a])
-            else:
-                layout[fits].append(a)
-                room[fits] -= lengths_A[a]
-        width = limit - min(room)  # the longest row
-        cost = len(layout) * width * (1 + (prefix_keys + width) / key_cost)
-        if cost < best_cost:
-            best, best_cost = layout, cost
-    return best
+    A second pass costs a round of every layer's small ops and smaller products; padding costs
+    every product in full. Answers sampled at temperature 1 end anywhere: in
+    ``bench/grpo_step.py``'s step, 32 answers of at most 48 tokens average about 40, so a
+    pass padded to 48 computes a sixth of its positions for nothing."""
+    count = len(lengths_R)
+    order = sorted(range(count), key=lambda i: -lengths_R[i])
+    padded = count * lengths_R[order[0]]
+    best, split = padded, 0
+    for k in range(1, count):
+        positions = k * lengths_R[order[0]] + (count - k) * lengths_R[order[k]]
+        if positions < best:
+            best, split = positions, k
+    if not split or best > (1 - SPLIT_SAVING) * padded:
+        return [list(range(count))]
+    return [order[:split], order[split:]]
 
 
 def _window(embeds_T_D: torch.Tensor, start: int, width: int) -> torch.Tensor:
@@ -223,53 +212,56 @@ def _window(embeds_T_D: torch.Tensor, start: int, width: int) -> torch.Tensor:
 def continue_from_prefixes(
     decoder: torch.nn.Module,
     prefixes: list[torch.Tensor],
-    rows: list[tuple[int, list[torch.Tensor]]],
-) -> torch.Tensor:
-    """Final hidden states ``[R, W, D]`` of ``rows``: each the index of one of ``prefixes``
-    (each ``[T_p, D]``) and answers (input embeddings ``[S, D]``) that follow it, end to end,
-    right-padded to the longest row.
+    passes: list[tuple[torch.Tensor, torch.Tensor]],
+) -> list[torch.Tensor]:
+    """Final hidden states of each pass's rows: for each ``(suffixes_R_S_D, group_R)`` of
+    ``passes``, row r of ``suffixes_R_S_D`` (input embeddings) read after
+    ``prefixes[group_R[r]]`` (each ``[T_p, D]``).
 
-    The prefixes run once, together, right-padded to the longest; every answer then attends
-    to its prefix's real positions and causally to its own tokens, as if it stood alone after
-    its prefix (a boolean mask, where a row holds several answers or the prefixes differ in
-    length). Autograd sums the answers' gradients into the prefix they read.
+    The prefixes run once, together, right-padded to the longest; their keys and values are
+    then picked for every row of a pass, which attends to its own prefix's real positions (a
+    boolean mask, when there is more than one prefix) as if it stood in front of the row.
+    Autograd sums the rows' gradients into the prefix they read.
     """
     starts_P = [prefix.shape[0] for prefix in prefixes]
     longest = max(starts_P)
     prefix_P_T_D = torch.stack([_window(prefix, 0, longest) for prefix in prefixes])
     out = decoder(inputs_embeds=prefix_P_T_D, use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]
-    device = prefix_P_T_D.device
-    width = max(sum(answer.shape[0] for answer in answers) for _, answers in rows)
-    embeds, answer_R_W, place_R_W = [], [], []
-    for _, answers in rows:
-        lengths = [answer.shape[0] for answer in answers]
-        pad = width - sum(lengths)
-        embeds.append(_window(torch.cat(answers), 0, width))
-        # Padding is an answer of its own (-1): nothing real reads it.
-        answer_R_W.append([a for a, n in enumerate(lengths) for _ in range(n)] + [-1] * pad)
-        place_R_W.append([i for n in lengths for i in range(n)] + [0] * pad)
-    answer_R_W, place_R_W = (torch.tensor(v, device=device) for v in (answer_R_W, place_R_W))
-    prefix_R = torch.tensor([p for p, _ in rows], device=device)
-    start_R = torch.tensor(starts_P, device=device)[prefix_R]
-    masks = {}
-    if len(set(starts_P)) > 1 or any(len(answers) > 1 for _, answers in rows):
-        # A position sees its prefix's real positions (the rest is padding, where prefixes
-        # differ in length), then its own answer's, causally.
-        prefix_R_K = torch.arange(longest, device=device) < start_R[:, None]
-        causal_W_W = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        own_R_W_W = (answer_R_W[..., None] == answer_R_W[:, None, :]) & causal_W_W
-        masks["attention_mask"] = torch.cat(
-            [prefix_R_K[:, None, :].expand(-1, width, -1), own_R_W_W], dim=-1
-        )[:, None]
-    select_rows(cache, prefix_R)
-    return decoder(
-        inputs_embeds=torch.stack(embeds),
-        position_ids=start_R[:, None] + place_R_W,
-        use_cache=True,
-        **{cache_argument(decoder): cache},
-        **masks,
-    ).last_hidden_state
+    # A pass grows the cache by its own keys and values: the next starts from the prefixes'.
+    kept = plain_state(cache) if len(passes) > 1 else []
+    hidden = []
+    for index, (suffixes_R_S_D, group_R) in enumerate(passes):
+        if index:
+            restore_plain_state(cache, kept)
+        select_rows(cache, group_R)
+        device = suffixes_R_S_D.device
+        rows, width = suffixes_R_S_D.shape[:2]
+        start_R = torch.tensor(starts_P, device=device)[group_R]
+        positions_R_S = start_R[:, None] + torch.arange(width, device=device)
+        masks = {}
+        if len(prefixes) > 1:
+            # Row r sees the first start_R[r] prefix positions (the rest is another prefix's
+            # padding), then its own tokens causally.
+            prefix_R_S_T = (torch.arange(longest, device=device) < start_R[:, None])[:, None, :]
+            causal_S_S = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+            masks["attention_mask"] = torch.cat(
+                [
+                    prefix_R_S_T.expand(rows, width, longest),
+                    causal_S_S.expand(rows, width, width),
+                ],
+                dim=-1,
+            )[:, None]
+        hidden.append(
+            decoder(
+                inputs_embeds=suffixes_R_S_D,
+                position_ids=positions_R_S,
+                use_cache=True,
+                **{cache_argument(decoder): cache},
+                **masks,
+            ).last_hidden_state
+        )
+    return hidden
 
 
 @torch.no_grad()
