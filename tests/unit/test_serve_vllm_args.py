@@ -74,6 +74,7 @@ def test_a_chat_template_and_remote_code_are_passed_on(base):
 
 def test_the_key_goes_in_the_environment_never_on_the_command_line(base, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     args = vllm_server.serve_args("ep", base, None, "127.0.0.1", 8123)
     assert "--api-key" not in args and not any("pal-" in a for a in args)
     assert vllm_server.server_env("pal-k1", cuda=True) == {"VLLM_API_KEY": "pal-k1"}
@@ -81,11 +82,15 @@ def test_the_key_goes_in_the_environment_never_on_the_command_line(base, monkeyp
     assert vllm_server.server_env(None, cuda=True) == {"VLLM_API_KEY": ""}
 
 
-def test_a_cpu_build_gets_a_1_gib_kv_cache_unless_the_user_chose_one(monkeypatch):
+def test_a_cpu_build_gets_a_1_gib_kv_cache_and_no_aot_artifacts_unless_the_user_chose(
+    monkeypatch,
+):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     env = vllm_server.server_env("k", cuda=False)
-    assert env == {"VLLM_API_KEY": "k", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert env == {"VLLM_API_KEY": "k", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_AOT_COMPILE": "0"}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     assert vllm_server.server_env("k", cuda=False) == {"VLLM_API_KEY": "k"}
 
 

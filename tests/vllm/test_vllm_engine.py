@@ -182,10 +182,14 @@ async def distinct_characters(args, sample, **kwargs) -> float:
     return len(set(sample.response)) / 10
 
 
-def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedded):
+def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedded, engine):
     """Two GRPO steps with rollout_engine="vllm" through TrainConfig.train(): the second
     step's samples come from the weights the first step made, and the sampler's log-probs stay
-    within float32 rounding of the learner's own."""
+    within float32 rounding of the learner's own. The run's engine is this process's second of
+    the model's architecture (``engine`` came first): on a CPU it takes its compiled graph from
+    the compile cache instead of compiling it again (``CPU_BUILD_ENV``)."""
+    from torch._dynamo.utils import counters
+
     from palaestra import LocalDataset, Recipe, SmolLM2_135M, TrainConfig
 
     data = tmp_path / "topics.jsonl"
@@ -205,7 +209,11 @@ def test_a_run_samples_with_vllm_and_keeps_its_weights_in_step(tmp_path, embedde
             custom_rm_function=distinct_characters,
         ),
     )
+    inductor = dict(counters["inductor"])
     result = config.train()
+    compiled = {k: counters["inductor"][k] - inductor.get(k, 0) for k in ("fxgraph_cache_miss",)}
+    loaded = counters["inductor"]["fxgraph_cache_hit"] - inductor.get("fxgraph_cache_hit", 0)
+    assert compiled == {"fxgraph_cache_miss": 0} and loaded >= 1, (compiled, loaded)
     metrics = result.metrics()
     assert [m["step"] for m in metrics] == [1, 2]
     for row in metrics:

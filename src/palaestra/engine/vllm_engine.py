@@ -45,6 +45,14 @@ WORKER_EXTENSION = "palaestra.engine.vllm_worker.WeightLoader"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts as ``max_lora_rank``."""
 
+CPU_BUILD_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+"""What vLLM's CPU build runs with, where the user has not set it. On torch 2.13, vLLM 0.32
+saves the model it compiled as an AOT artifact that it then fails to load ("'function' object
+has no attribute 'finalize_loading'"), so every engine start compiled the model again: about
+90 s of a 105 s start of SmolLM2-135M on a 2-core CPU. Without AOT artifacts it compiles through
+torch's own caches, which do load: a later start of the same architecture (any folder) takes
+about 30 s, and decodes as fast."""
+
 
 def vllm_available() -> bool:
     """Whether vLLM is installed (without importing it)."""
@@ -97,6 +105,9 @@ class VLLMEngine:
             self._adapters = tempfile.TemporaryDirectory(prefix="palaestra-vllm-lora-")
         from vllm.platforms import current_platform
 
+        if current_platform.is_cpu():
+            for name, value in CPU_BUILD_ENV.items():
+                os.environ.setdefault(name, value)
         # Sleep mode: a colocated engine frees its GPU for the learner during each update.
         self.sleep_mode = sleep_mode and current_platform.is_cuda()
         if self.sleep_mode:

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from palaestra.checkpoints import Checkpoint, adapter_base, adapter_rank, is_adapter_checkpoint
+from palaestra.engine.vllm_engine import CPU_BUILD_ENV
 from palaestra.launch.process import process_record, stop_process
 from palaestra.models.config import ModelConfig
 from palaestra.runs.endpoints import endpoint_files, new_record
@@ -147,10 +148,12 @@ def _generation_args(model: ModelConfig) -> list[str]:
 def server_env(api_key: str | None, cuda: bool) -> dict[str, str]:
     """What vLLM's process gets on top of this one's environment: the key (an empty one for an
     open endpoint, so a ``VLLM_API_KEY`` of the user's does not lock it), and on a CPU a small
-    KV cache unless the user chose its size."""
+    KV cache unless the user chose its size, and the CPU build's settings
+    (``vllm_engine.CPU_BUILD_ENV``) the user has not set."""
     env = {"VLLM_API_KEY": api_key or ""}
-    if not cuda and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
+    if not cuda:
+        cpu = {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB, **CPU_BUILD_ENV}
+        env |= {name: value for name, value in cpu.items() if name not in os.environ}
     return env
 
 
