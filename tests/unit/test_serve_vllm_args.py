@@ -131,3 +131,21 @@ def test_a_vllm_record_lists_as_vllm_and_an_old_record_as_torch(home, base):
     endpoint_files("old").write({**old, **alive, "started_at": 0})
     assert [(e.name, e.engine) for e in Endpoint.list()] == [("on-vllm", "vllm"), ("old", "torch")]
     assert [e["engine"] for e in list_endpoints()] == ["vllm", "torch"]
+
+
+def test_a_cpu_server_samples_in_the_precision_the_torch_server_would(base, monkeypatch):
+    from palaestra.models import loading
+
+    def resolved(precision, device):  # a CPU without native bfloat16 (AVX2), a GPU with it
+        auto = torch.bfloat16 if device == "cuda" else torch.float32
+        return {"auto": auto, "float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
+
+    monkeypatch.setattr(loading, "compute_dtype", resolved)
+    assert vllm_server.served_dtype("auto", cuda=False) == "float32"  # vLLM's own: bfloat16
+    assert vllm_server.served_dtype("bfloat16", cuda=False) == "bfloat16"
+    # On a GPU, "auto" is vLLM's choice; a precision named is passed on.
+    assert vllm_server.served_dtype("auto", cuda=True) is None
+    assert vllm_server.served_dtype("float32", cuda=True) == "float32"
+    args = vllm_server.serve_args("ep", base, None, "127.0.0.1", 8123, "float32")
+    assert args[args.index("--dtype") + 1] == "float32"
+    assert "--dtype" not in vllm_server.serve_args("ep", base, None, "127.0.0.1", 8123)

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ def test_a_checkpoint_served_by_vllm_answers_the_openai_client(tmp_path):
     import openai
 
     from palaestra import EvalConfig, LocalDataset, SmolLM2_135M
-    from palaestra.models.loading import load_causal_lm, load_tokenizer
+    from palaestra.models.loading import compute_dtype, load_causal_lm, load_tokenizer
 
     model = SmolLM2_135M()
     weights = model.weights_path()
@@ -45,6 +46,11 @@ def test_a_checkpoint_served_by_vllm_answers_the_openai_client(tmp_path):
         endpoint.wait_until_ready(timeout=15 * 60)
         ready_s = time.monotonic() - started
         assert httpx.get(f"{endpoint.url}/health").status_code == 200  # no key needed
+        # It samples in the dtype palaestra's server would (vLLM's own "auto" is bfloat16 for
+        # a float32 checkpoint, even on a CPU that only emulates it).
+        lines = Path(endpoint.info["log"]).read_text().splitlines()
+        engine_line = [line for line in lines if "Initializing a V1 LLM engine" in line][-1]
+        assert f"dtype={compute_dtype('auto', 'cpu')}," in engine_line
         listed = {e.name: e.engine for e in Endpoint.list()}
         assert listed["vllm-embedded"] == "vllm"
         assert Endpoint.get("vllm-embedded").api_key == endpoint.api_key

@@ -32,6 +32,7 @@ from palaestra.serve.vllm_server import (
     free_port,
     is_ready,
     serve_args,
+    served_dtype,
     server_env,
     server_url,
 )
@@ -88,8 +89,9 @@ class Endpoint:
         returns as soon as its process starts, its port known; ``"auto"``, vLLM on a machine
         with a CUDA GPU where it is installed, else torch.
 
-        ``precision`` (the torch server's): the dtype it samples in, as ``Recipe.precision``
-        names it; ``"auto"`` is bfloat16 where the CPU multiplies it natively, else float32.
+        ``precision``: the dtype it samples in, as ``Recipe.precision`` names it; ``"auto"``
+        is bfloat16 where the CPU multiplies it natively, else float32. vLLM's server gets it
+        as its ``--dtype`` on a CPU, and on a GPU where it is named (``served_dtype``).
         """
         if precision not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"precision must be auto, float32 or bfloat16, got {precision!r}")
@@ -109,7 +111,7 @@ class Endpoint:
         api_key = None if unauthenticated else f"pal-{secrets.token_urlsafe(24)}"
         files.write_key(api_key)
         if engine == "vllm":
-            return cls._launch_vllm(files, model, checkpoint, host, port, api_key)
+            return cls._launch_vllm(files, model, checkpoint, host, port, api_key, precision)
         info = new_record(name, model.name, checkpoint, host, port, api_key is not None, files.log)
         files.write(info)
         files.write_spec(
@@ -147,6 +149,7 @@ class Endpoint:
         host: str,
         port: int | None,
         api_key: str | None,
+        precision: str = "auto",
     ) -> Endpoint:
         """``vllm serve`` in a process of its own. The port is chosen here, so the record holds
         the URL at once; vLLM binds it after importing itself (tens of seconds)."""
@@ -156,10 +159,10 @@ class Endpoint:
         )
         info["url"] = server_url(host, port)
         folder = info["checkpoint"]
-        env = server_env(api_key, cuda_available())
-        process = spawn_module(
-            VLLM_SERVER, serve_args(files.name, model, folder, host, port), files.log, env
-        )
+        cuda = cuda_available()
+        env = server_env(api_key, cuda)
+        args = serve_args(files.name, model, folder, host, port, served_dtype(precision, cuda))
+        process = spawn_module(VLLM_SERVER, args, files.log, env)
         info = {**info, **process_record(process)}
         files.write(info)
         return cls(info, api_key, process)

@@ -91,13 +91,20 @@ def server_url(host: str, port: int) -> str:
 
 
 def serve_args(
-    name: str, model: ModelConfig, checkpoint: str | Path | None, host: str, port: int
+    name: str,
+    model: ModelConfig,
+    checkpoint: str | Path | None,
+    host: str,
+    port: int,
+    dtype: str | None = None,
 ) -> list[str]:
     """The server's arguments (what follows ``python -m VLLM_SERVER``; ``vllm serve`` takes
     the same) for serving ``model``, or ``checkpoint``'s weights, to clients that ask for the
-    model ``name``."""
+    model ``name``, in ``dtype`` where given (``served_dtype``), else vLLM's choice."""
     args = _weights_args(name, model, checkpoint)
     args += ["--host", host, "--port", str(port), *_generation_args(model)]
+    if dtype is not None:
+        args += ["--dtype", dtype]
     if model.chat_template is not None:
         args += ["--chat-template", model.chat_template]
     if model.trust_remote_code:
@@ -145,6 +152,19 @@ def _generation_args(model: ModelConfig) -> list[str]:
     return ["--generation-config", "vllm", "--override-generation-config", json.dumps(defaults)]
 
 
+def served_dtype(precision: str, cuda: bool) -> str | None:
+    """vLLM's ``--dtype`` for an endpoint of ``precision`` (``Recipe.precision``'s names), or
+    None for vLLM's own choice. On a CPU, the dtype palaestra's server would sample in: vLLM's
+    "auto" serves a float32 checkpoint in bfloat16 even where the CPU only emulates it (AVX2),
+    which is slower there and scores another model than the torch server does. On a GPU, a
+    precision named explicitly; "auto" is left to vLLM."""
+    if cuda and precision == "auto":
+        return None
+    from palaestra.models.loading import compute_dtype
+
+    return str(compute_dtype(precision, "cuda" if cuda else "cpu")).removeprefix("torch.")
+
+
 def server_env(api_key: str | None, cuda: bool) -> dict[str, str]:
     """What vLLM's process gets on top of this one's environment: the key (an empty one for an
     open endpoint, so a ``VLLM_API_KEY`` of the user's does not lock it), and on a CPU a small
@@ -173,7 +193,12 @@ def is_ready(url: str, name: str, api_key: str | None) -> bool:
 
 
 def serve_in_foreground(
-    target: str, host: str, port: int, name: str | None = None, api_key: str | None = None
+    target: str,
+    host: str,
+    port: int,
+    name: str | None = None,
+    api_key: str | None = None,
+    precision: str = "auto",
 ) -> int:
     """``palaestra serve --engine vllm``: run vLLM's server on ``target`` until it exits, is
     stopped (``palaestra endpoint stop``) or Ctrl-C, listed among the endpoints meanwhile.
@@ -182,13 +207,14 @@ def serve_in_foreground(
     checkpoint = Checkpoint.from_path(checkpoint_path) if checkpoint_path else None
     name = name or default_name(model, checkpoint)
     port = port or free_port(host)
+    cuda = cuda_available()
     argv = [
         sys.executable,
         "-m",
         VLLM_SERVER,
-        *serve_args(name, model, checkpoint_path, host, port),
+        *serve_args(name, model, checkpoint_path, host, port, served_dtype(precision, cuda)),
     ]
-    env = {**os.environ, **server_env(api_key, cuda_available())}
+    env = {**os.environ, **server_env(api_key, cuda)}
     # A process group of its own, as a launched endpoint has: stopping the endpoint ends the
     # group, vLLM's engine process with it.
     process = subprocess.Popen(argv, env=env, process_group=0)
