@@ -16,13 +16,17 @@ Figures per run, read from the script's own summary lines: the three average sco
 after 10 steps, after 30), how many replies were three lines long at each, and the wall time
 of the whole process; besides, the largest resident memory of the script's process tree at any
 moment (all its processes together: the endpoints and the training runs), sampled every
-0.2 s from /proc. The headline is the mean over the runs; the tutorial is not seeded, so a
+0.2 s from /proc; and where the time went: the training steps (each step's ``step_s`` from its
+run's metrics.jsonl, summed, and of that the rollouts, updates, weight syncs and saves) and
+the rest (outside the steps: imports and model loads of the endpoints and training runs,
+evaluations, the summary). The headline is the mean over the runs; the tutorial is not seeded, so a
 single run's scores move by a few points from run to run (its evaluation has five topics).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -167,6 +171,7 @@ def run_once(script: Path, first_run: bool, index: int) -> dict:
         code = process.wait()
         seconds = time.monotonic() - started
         peak = sampler.stop()
+        steps = step_metrics(home / "runs")
     output = "".join(lines)
     if code != 0:
         tail = "".join(lines[-20:])
@@ -174,8 +179,39 @@ def run_once(script: Path, first_run: bool, index: int) -> dict:
     summary = parse_summary(output)
     return {
         "seconds": round(seconds, 1),
+        **time_split(steps, seconds),
         "peak_rss_mib": round(peak / 2**20),
         **{f"{stage} {key}": value for stage in STAGES for key, value in summary[stage].items()},
+    }
+
+
+PARTS = (
+    ("steps", "step_s"),
+    ("rollout", "rollout_s"),
+    ("update", "train_s"),
+    ("weight sync", "weight_sync_s"),
+    ("saves", "save_s"),
+)
+"""Where the training steps' time goes, summed over a run's steps: (name, the metric of each
+step's row in metrics.jsonl). A step's ``step_s`` holds the others and its reward."""
+
+
+def step_metrics(runs: Path) -> list[dict]:
+    """Every step's metrics row of every training run under ``runs`` (a home's runs folder)."""
+    rows = []
+    for path in sorted(runs.glob("*/metrics.jsonl")):
+        rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return rows
+
+
+def time_split(steps: list[dict], seconds: float) -> dict:
+    """How many steps a run of ``seconds`` made, each of ``PARTS`` summed over them (``"<part>
+    s"``), and the seconds outside the steps."""
+    parts = {name: round(sum(row.get(key, 0.0) for row in steps), 1) for name, key in PARTS}
+    return {
+        "steps": len(steps),
+        **{f"{name} s": value for name, value in parts.items()},
+        "outside the steps s": round(seconds - parts["steps"], 1),
     }
 
 
@@ -192,6 +228,8 @@ def headline(runs: list[dict]) -> dict:
         "three-line share": mean(
             r["after 30 steps three_lines"] / r["after 30 steps replies"] for r in runs
         ),
+        "steps min": mean(r["steps s"] / 60 for r in runs),
+        "outside the steps min": mean(r["outside the steps s"] / 60 for r in runs),
         "peak MiB": max(r["peak_rss_mib"] for r in runs),
         "runs": len(runs),
     }
@@ -223,7 +261,9 @@ def main() -> None:
                 f"({run[f'{stage} three_lines']}/{run[f'{stage} replies']} three lines)"
                 for stage in STAGES
             )
-            + f", peak {run['peak_rss_mib']} MiB"
+            + f", peak {run['peak_rss_mib']} MiB; {run['steps']} steps "
+            + ", ".join(f"{name} {run[f'{name} s']:.1f} s" for name, _ in PARTS)
+            + f"; outside the steps {run['outside the steps s']:.1f} s"
         )
     figures = {"runs": runs, "first_run": args.first_run, "script": str(SCRIPT.relative_to(REPO))}
     record("tutorial", args, figures, headline(runs))

@@ -4,6 +4,7 @@ and the memory of a process tree."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -61,15 +62,44 @@ def test_the_summary_lines_become_figures_and_the_headline_their_mean(tutorial):
     summary = tutorial.parse_summary(OUTPUT)
     assert summary["base model"] == {"score": -11.4, "three_lines": 1, "replies": 5}
     assert summary["after 30 steps"] == {"score": -5.6, "three_lines": 5, "replies": 5}
-    run = {"seconds": 300.0, "peak_rss_mib": 3900}
+    run = {"seconds": 300.0, "peak_rss_mib": 3900, "steps s": 240.0, "outside the steps s": 60.0}
     run |= {f"{s} {k}": v for s in summary for k, v in summary[s].items()}
     other = run | {"seconds": 240.0, "after 30 steps three_lines": 3, "peak_rss_mib": 4100}
+    other |= {"steps s": 204.0, "outside the steps s": 36.0}
     assert tutorial.headline([run, other]) == {
         "minutes": 4.5,
         "points learned": 5.8,
         "three-line share": 0.8,
+        "steps min": 3.7,
+        "outside the steps min": 0.8,
         "peak MiB": 4100,
         "runs": 2,
+    }
+
+
+def test_the_steps_of_every_training_run_split_the_wall_time(tutorial, tmp_path):
+    def row(step, rollout, update, save):
+        # step_s holds its parts and a reward of 0.1 s
+        parts = {"rollout_s": rollout, "train_s": update, "weight_sync_s": 0.5, "save_s": save}
+        return {"step": step, **parts, "step_s": rollout + update + 0.5 + save + 0.1}
+
+    first, second = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    first.mkdir(parents=True)
+    second.mkdir()
+    lines = [row(1, 3.0, 7.0, 0.0), row(2, 3.0, 6.0, 4.0)]
+    (first / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (second / "metrics.jsonl").write_text(json.dumps(row(3, 2.0, 6.0, 3.0)) + "\n\n")
+    (tmp_path / "runs" / "c").mkdir()  # a run that never stepped
+    steps = tutorial.step_metrics(tmp_path / "runs")
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert tutorial.time_split(steps, 60.0) == {
+        "steps": 3,
+        "steps s": 35.8,
+        "rollout s": 8.0,
+        "update s": 19.0,
+        "weight sync s": 1.5,
+        "saves s": 7.0,
+        "outside the steps s": 24.2,
     }
 
 
