@@ -22,8 +22,17 @@ model = SmolLM2_135M()
 
 @pytest.fixture(scope="module")
 def shared_home(tmp_path_factory):
-    """One home for the module, so the GGUF converts once."""
-    return tmp_path_factory.mktemp("embedded-home")
+    """One home for the module; its converted models are the caller's home's (linked), as a
+    user's runs share theirs: the GGUF converts once for this module and whatever else of one
+    CI run uses the embedded model from this venv (the benches' smoke runs), and not at all
+    where the caller's home has it already."""
+    from palaestra.home import palaestra_home
+
+    home = tmp_path_factory.mktemp("embedded-home")
+    models = palaestra_home() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (home / "models").symlink_to(models, target_is_directory=True)
+    return home
 
 
 @pytest.fixture
