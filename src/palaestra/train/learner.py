@@ -43,7 +43,7 @@ from palaestra.checkpoints import OPTIMIZER_FILE, OPTIMIZER_SHARDS
 from palaestra.models.loading import compute_dtype
 from palaestra.recipes import Recipe
 from palaestra.train.batch import TrainBatch, build_train_batch, micro_batches, mini_batches
-from palaestra.train.heap import release_free_memory
+from palaestra.train.heap import own_memory, release_free_memory
 from palaestra.train.scoring import score_logprobs, score_tokens
 from palaestra.types import Sample
 
@@ -79,8 +79,10 @@ class Learner:
             self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.device = next(model.parameters()).device
         self.dtype = compute_dtype(recipe.precision, self.device)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        own_memory(trained)  # out of the weights file's mapping: AdamW writes them in place
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            trained,
             lr=recipe.lr,
             weight_decay=recipe.weight_decay,
             fused=True,  # one kernel for the whole update, on the CPU as on a GPU
