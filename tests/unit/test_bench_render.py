@@ -227,6 +227,9 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     tutorial = fake("2026-12-05T12:00:00Z", "hhhhhhh", "Xeon", AMX, 0.0)
     tutorial["bench"] = "tutorial"
     tutorial["headline"] = {"minutes": 4.5, "points learned": 3.2, "three-line share": 0.8}
+    scores = {"base model score": -9.0, "after 30 steps score": -5.8}
+    scores |= {"after 30 steps three_lines": 4, "after 30 steps replies": 5}
+    tutorial["figures"] = {"runs": [scores]}
     results.write_record(tutorial, folder)
     generation = fake("2026-12-05T11:00:00Z", "ggggggg", "EPYC", AVX2, 0.0)
     generation["bench"] = "generation"
@@ -274,6 +277,8 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
         "- tutorial (`make haiku`), minutes, AVX2-only (6): 30 steps 5.00 min (rollouts 1.50, "
         "updates 3.00, saves 0.20); outside the steps 1.00 min (the endpoints' and training "
         "runs' starts, the evaluations).",
+        "- tutorial, points learned over the base, AMX (3.2): run 1: -9.00 -> -5.80, 4 of 5 "
+        "three lines.",
     ]
     # bfloat16 goals stand only where bfloat16 is native.
     assert ("| torch engine / vLLM CPU, bfloat16", "AVX2-only") not in table
