@@ -1,12 +1,14 @@
 """Where one decode pass of the torch engine's fused pass goes: the products, and the rest.
 
     python bench/decode_pass.py [--rows 8] [--length 100] [--spread 8] [--repeats 40]
+                                [--dtype float32|bfloat16]
     python bench/decode_pass.py --smoke    # 2 rows, 2 repeats: checks the code runs
 
 A real run records its result under bench/results/decode_pass/ (``bench/results.py``).
 
 The pass a running decoder makes once its rows are past their prompts: ``--rows`` rows of
-SmolLM2-135M-Instruct in float32, each decoding one token, in consecutive slots, at lengths
+SmolLM2-135M-Instruct in ``--dtype`` (the engine's weights and cache; float32 unless named),
+each decoding one token, in consecutive slots, at lengths
 ``length, length + spread, ...`` (so they attend over different numbers of keys), their slots
 filled with random keys and values. ``FusedPass.forward`` runs that pass ``--repeats`` times
 after warm-up; the median is the pass. It runs as many times again with a clock around each
@@ -54,24 +56,26 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=100, help="the first row's length")
     parser.add_argument("--spread", type=int, default=8, help="between consecutive rows")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     add_arguments(parser)
     args = parser.parse_args()
     smoke_defaults(args, parser, rows=2, length=16, repeats=2)
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = SmolLM2_135M()
-    model = load_causal_lm(config.weights_path(), torch.float32, "cpu", config.revision).eval()
+    dtype = getattr(torch, args.dtype)
+    model = load_causal_lm(config.weights_path(), dtype, "cpu", config.revision).eval()
     fused = fused_pass.fused_pass(model)
     if fused is None:
         if args.smoke:  # the engine takes its other path here: nothing of this bench's to run
             return skip("the fused pass", "packed products are unavailable on this machine")
         raise SystemExit("no fused pass on this machine (packed products unavailable)")
     lengths = [args.length + i * args.spread for i in range(args.rows)]
-    kv = slot_attention.SlotKV(model.config, torch.float32, torch.device("cpu"))
+    kv = slot_attention.SlotKV(model.config, dtype, torch.device("cpu"))
     kv.reserve(args.rows, max(lengths) + 1)
     generator = torch.Generator().manual_seed(0)
     for store in kv.keys + kv.values:
-        store.copy_(torch.randn(store.shape, generator=generator))
+        store.copy_(torch.randn(store.shape, generator=generator).to(dtype))
     # Row i sits in slot i; its token is written at position length - 1.
     segments = [slot_attention.Segment(i, n - 1, [100 + i]) for i, n in enumerate(lengths)]
     plan = slot_attention.SlotPlan(kv, segments)
@@ -103,6 +107,7 @@ def main() -> None:
     rest = statistics.median(r for _, r in runs)
     report = {
         "rows": args.rows,
+        "dtype": args.dtype,
         "lengths": lengths,
         "attention_groups": len(plan.decodes),
         "threads": torch.get_num_threads(),
@@ -116,6 +121,7 @@ def main() -> None:
     print(json.dumps(report))
     headline = {
         "rows": args.rows,
+        "dtype": args.dtype,
         "pass ms": report["pass_ms"],
         "products ms": report["products_ms"],
     }

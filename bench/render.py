@@ -114,28 +114,34 @@ def update_parts(record: dict, records: list[dict]) -> str | None:
     )
 
 
-def engine_parts(record: dict, records: list[dict]) -> str | None:
-    """A ``generation`` run's float32 engine against vLLM, and the latest ``decode_pass`` run on
-    the same CPU kind at the workload's concurrency: its products and the rest."""
-    concurrency = record["figures"].get("concurrency", 8)
-    passes = [
-        r
-        for r in records
-        if r["bench"] == "decode_pass"
-        and kind_of(r) == kind_of(record)
-        and r["headline"].get("rows") == concurrency
-    ]
-    if not passes:
-        return f"no `decode_pass` run of {concurrency} rows on this CPU kind splits the pass"
-    figures = passes[-1]["headline"]
-    return (
-        f"a decode pass of {concurrency} rows (`decode_pass` {passes[-1]['time_utc'][:10]}): "
-        f"products {figures['products ms']:.0f} ms, the rest {figures['rest ms']:.0f} ms"
-    )
+def engine_parts(dtype: str) -> Callable[[dict, list[dict]], str | None]:
+    """A ``generation`` run's engine in ``dtype`` against vLLM: the latest ``decode_pass`` run
+    on the same CPU kind, in that dtype, at the workload's concurrency (its products and the
+    rest), or that there is none."""
 
+    def parts(record: dict, records: list[dict]) -> str | None:
+        concurrency = record["figures"].get("concurrency", 8)
+        passes = [
+            r
+            for r in records
+            if r["bench"] == "decode_pass"
+            and kind_of(r) == kind_of(record)
+            and r["headline"].get("rows") == concurrency
+            and r["headline"].get("dtype", "float32") == dtype
+        ]
+        if not passes:
+            return (
+                f"no `decode_pass --dtype {dtype}` run of {concurrency} rows on this CPU kind "
+                "splits the pass"
+            )
+        figures = passes[-1]["headline"]
+        return (
+            f"a {dtype} decode pass of {concurrency} rows (`decode_pass` "
+            f"{passes[-1]['time_utc'][:10]}): products {figures['products ms']:.0f} ms, the "
+            f"rest {figures['rest ms']:.0f} ms"
+        )
 
-def bf16_engine_parts(record: dict, records: list[dict]) -> str | None:
-    return "no bench splits a bfloat16 pass (`decode_pass` runs float32)"
+    return parts
 
 
 def trl_parts(trl: str) -> Callable[[dict, list[dict]], str | None]:
@@ -192,7 +198,12 @@ GOALS = [
     Goal("GRPO step / its floor", "grpo_step", STEP, "<=", 1.5, left=step_parts),
     Goal("update / its floor", "update_profile", "update / floor", "<=", 1.3, left=update_parts),
     Goal(
-        "torch engine / vLLM CPU, float32", "generation", ENGINE_F32, ">=", 1.0, left=engine_parts
+        "torch engine / vLLM CPU, float32",
+        "generation",
+        ENGINE_F32,
+        ">=",
+        1.0,
+        left=engine_parts("float32"),
     ),
     Goal(
         "torch engine / vLLM CPU, bfloat16",
@@ -201,7 +212,7 @@ GOALS = [
         ">=",
         1.0,
         NATIVE_BF16,
-        bf16_engine_parts,
+        engine_parts("bfloat16"),
     ),
     Goal("TRL float32 step / palaestra step", "grpo_step", TRL, ">=", 2.2, AVX2, trl_parts("trl")),
     Goal(

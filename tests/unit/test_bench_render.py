@@ -220,6 +220,11 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     split |= {"steps s": 300.0, "outside the steps s": 60.0}
     slow["figures"] = {"runs": [split | {"seconds": 360.0}]}
     results.write_record(slow, folder)
+    native = fake("2026-12-05T11:00:00Z", "kkkkkkk", "Xeon", AMX, 0.0)
+    native["bench"] = "generation"
+    native["headline"] = {"engine-fp32 tokens/s": 120.0, "vllm-float32 tokens/s": 100.0}
+    native["headline"] |= {"engine-bf16 tokens/s": 169.0, "vllm-bfloat16 tokens/s": 214.0}
+    results.write_record(native, folder)
     decode = fake("2026-12-05T09:00:00Z", "jjjjjjj", "EPYC", AVX2, 0.0)
     decode["bench"] = "decode_pass"
     decode["headline"] = {"rows": 8, "pass ms": 67.8, "products ms": 48.3, "rest ms": 19.2}
@@ -270,8 +275,10 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     # Under the table, what is left of each goal not met, from the same runs.
     left = goals.split("What is left where a goal is not met, from the same runs:")[1]
     assert left.strip().splitlines() == [
-        "- torch engine / vLLM CPU, float32, AVX2-only (0.85): a decode pass of 8 rows "
-        "(`decode_pass` 2026-12-05): products 48 ms, the rest 19 ms.",
+        "- torch engine / vLLM CPU, float32, AVX2-only (0.85): a float32 decode pass of 8 "
+        "rows (`decode_pass` 2026-12-05): products 48 ms, the rest 19 ms.",
+        "- torch engine / vLLM CPU, bfloat16, AMX (0.79): no `decode_pass --dtype bfloat16` "
+        "run of 8 rows on this CPU kind splits the pass.",
         "- TRL float32 step / palaestra step, AMX (2.84): TRL 19.9 s, 3.98x its floor; "
         "palaestra 7.0 s, 1.40x its floor; at its floor palaestra would make it 3.98.",
         "- tutorial (`make haiku`), minutes, AVX2-only (6): 30 steps 5.00 min (rollouts 1.50, "
