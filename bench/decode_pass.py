@@ -75,7 +75,7 @@ def main() -> None:
     kv.reserve(args.rows, max(lengths) + 1)
     generator = torch.Generator().manual_seed(0)
     for store in kv.keys + kv.values:
-        store.copy_(torch.randn(store.shape, generator=generator).to(dtype))
+        store.copy_(torch.randn(store.shape, generator=generator))  # cast by copy_
     # Row i sits in slot i; its token is written at position length - 1.
     segments = [slot_attention.Segment(i, n - 1, [100 + i]) for i, n in enumerate(lengths)]
     plan = slot_attention.SlotPlan(kv, segments)

@@ -68,12 +68,10 @@ def unlisted() -> list[str]:
 def shared_home(home: Path) -> dict[str, str]:
     """The environment of a smoke run: ``PALAESTRA_HOME`` at ``home`` (made here), its model
     cache linked to the usual home's (created if missing), so a model converts once for all."""
-    from palaestra.home import palaestra_home
+    from palaestra.home import share_usual_home
 
-    models = palaestra_home() / "models"
-    models.mkdir(parents=True, exist_ok=True)
     home.mkdir()
-    (home / "models").symlink_to(models, target_is_directory=True)
+    share_usual_home(home)
     return os.environ | {"PALAESTRA_HOME": str(home), "TOKENIZERS_PARALLELISM": "false"}
 
 

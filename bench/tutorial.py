@@ -139,12 +139,9 @@ def home_for_run(folder: Path, first_run: bool) -> Path:
     home = folder / "home"
     home.mkdir()
     if not first_run:
-        from palaestra.home import palaestra_home
+        from palaestra.home import share_usual_home
 
-        for name in ("models", "overlays"):
-            shared = palaestra_home() / name
-            shared.mkdir(parents=True, exist_ok=True)
-            (home / name).symlink_to(shared, target_is_directory=True)
+        share_usual_home(home, ("models", "overlays"))
     return home
 
 

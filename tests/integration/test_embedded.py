@@ -26,12 +26,10 @@ def shared_home(tmp_path_factory):
     user's runs share theirs: the GGUF converts once for this module and whatever else of one
     CI run uses the embedded model from this venv (the benches' smoke runs), and not at all
     where the caller's home has it already."""
-    from palaestra.home import palaestra_home
+    from palaestra.home import share_usual_home
 
     home = tmp_path_factory.mktemp("embedded-home")
-    models = palaestra_home() / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    (home / "models").symlink_to(models, target_is_directory=True)
+    share_usual_home(home)
     return home
 
 
