@@ -119,8 +119,13 @@ def engine_parts(dtype: str) -> Callable[[dict, list[dict]], str | None]:
     on the same CPU kind, in that dtype, at the workload's concurrency (its products and the
     rest), or that there is none."""
 
+    mode = {"float32": "engine-fp32", "bfloat16": "engine-bf16"}[dtype]
+
     def parts(record: dict, records: list[dict]) -> str | None:
-        concurrency = record["figures"].get("concurrency", 8)
+        rows = [r for r in record["figures"].get("results", []) if r.get("mode") == mode]
+        if not rows:
+            return None
+        concurrency = rows[0]["concurrency"]
         passes = [
             r
             for r in records

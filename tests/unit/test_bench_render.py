@@ -224,6 +224,7 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     native["bench"] = "generation"
     native["headline"] = {"engine-fp32 tokens/s": 120.0, "vllm-float32 tokens/s": 100.0}
     native["headline"] |= {"engine-bf16 tokens/s": 169.0, "vllm-bfloat16 tokens/s": 214.0}
+    native["figures"] = {"results": [{"mode": "engine-bf16", "concurrency": 8}]}
     results.write_record(native, folder)
     decode = fake("2026-12-05T09:00:00Z", "jjjjjjj", "EPYC", AVX2, 0.0)
     decode["bench"] = "decode_pass"
@@ -239,6 +240,7 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     generation = fake("2026-12-05T11:00:00Z", "ggggggg", "EPYC", AVX2, 0.0)
     generation["bench"] = "generation"
     generation["headline"] = {"engine-fp32 tokens/s": 141.8, "vllm-float32 tokens/s": 165.9}
+    generation["figures"] = {"results": [{"mode": "engine-fp32", "concurrency": 8}]}
     results.write_record(generation, folder)
     docs.write_text(docs.read_text() + "\n## Goals\n<!-- goals:start -->\n<!-- goals:end -->\n")
 
