@@ -32,15 +32,24 @@ def tokenizer():
     return build_tokenizer()
 
 
+# The logits kept from the forward (these 7 x 11 fit any budget) and made again in the backward
+# (a budget of 0 bytes) give the same values and gradients.
+KEEP = {"kept": 256 << 20, "recomputed": 0}
+
+
 # Without an entropy term the entropy's gradient is None, not zeros, and its part is skipped.
+@pytest.mark.parametrize("keep", KEEP)
 @pytest.mark.parametrize("entropy_weight", [0.3, None])
-def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(monkeypatch, entropy_weight):
+def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(
+    monkeypatch, entropy_weight, keep
+):
     import palaestra.algo.logprobs as head
 
     # Slices of 3 tokens and 4 vocabulary entries: 7 tokens = 3 + 3 + 1 and 11 entries =
     # 4 + 4 + 3, so targets land in every slice and the running sums cross slices.
     monkeypatch.setattr(head, "TOKEN_CHUNK", 3)
     monkeypatch.setattr(head, "VOCAB_CHUNK", 4)
+    monkeypatch.setattr(head, "KEEP_BYTES", KEEP[keep])
     torch.manual_seed(0)
     hidden_N_D = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
     weight_V_D = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
@@ -70,13 +79,15 @@ def test_chunked_logprobs_equal_the_full_logits_values_and_gradients(monkeypatch
         assert torch.allclose(fast, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("keep", KEEP)
 def test_the_heads_gradient_added_in_place_equals_autograds_and_adds_to_what_is_there(
-    monkeypatch,
+    monkeypatch, keep
 ):
     import palaestra.algo.logprobs as head
 
     monkeypatch.setattr(head, "TOKEN_CHUNK", 3)
     monkeypatch.setattr(head, "VOCAB_CHUNK", 4)
+    monkeypatch.setattr(head, "KEEP_BYTES", KEEP[keep])
     torch.manual_seed(0)
     hidden_N_D = torch.randn(7, 5, requires_grad=True)
     weight_V_D = torch.randn(11, 5, requires_grad=True)
@@ -97,6 +108,50 @@ def test_the_heads_gradient_added_in_place_equals_autograds_and_adds_to_what_is_
     torch.testing.assert_close(hidden_N_D.grad, expected_hidden, rtol=0, atol=1e-6)
     backward(in_place=True)  # adds to it, as autograd accumulates
     torch.testing.assert_close(weight_V_D.grad, 2 * expected_weight, rtol=0, atol=1e-6)
+
+
+def test_logits_within_the_budget_are_made_once_and_a_second_backward_makes_them_again(
+    monkeypatch,
+):
+    import palaestra.algo.logprobs as head
+
+    monkeypatch.setattr(head, "TOKEN_CHUNK", 3)
+    monkeypatch.setattr(head, "VOCAB_CHUNK", 4)
+    made = []
+    logits = head._logits
+    monkeypatch.setattr(head, "_logits", lambda *args: made.append(1) or logits(*args))
+    torch.manual_seed(0)
+    hidden_N_D = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    weight_V_D = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    targets_N = torch.tensor([0, 3, 10, 4, 4, 9, 1])
+
+    def forward_and_backward(budget: int, retain: bool = False) -> tuple[int, torch.Tensor]:
+        monkeypatch.setattr(head, "KEEP_BYTES", budget)
+        hidden_N_D.grad = weight_V_D.grad = None
+        made.clear()
+        logprobs_N, entropy_N = chunked_token_logprobs(hidden_N_D, weight_V_D, targets_N, 0.7)
+        total = logprobs_N.sum() + 0.3 * entropy_N.sum()
+        total.backward(retain_graph=retain)
+        return len(made), total
+
+    # 3 token chunks x 3 vocabulary slices = 9 slices of logits per pass over them. 7 x 11
+    # float32 logits are 308 bytes: a budget of 308 keeps them, 307 does not.
+    assert forward_and_backward(308)[0] == 9
+    kept_grad = weight_V_D.grad.clone()
+    assert forward_and_backward(307)[0] == 9 + 9
+    # Equal to float32 rounding: the logits are float32, kept as z - m and added back to m.
+    torch.testing.assert_close(weight_V_D.grad, kept_grad, rtol=0, atol=1e-6)
+    # A second backward through the same graph finds the kept slices spent and makes them again.
+    _, total = forward_and_backward(308, retain=True)
+    made.clear()
+    total.backward()
+    assert len(made) == 9
+    torch.testing.assert_close(weight_V_D.grad, 2 * kept_grad, rtol=0, atol=1e-6)
+    # Without gradients nothing is kept, and nothing runs a second time.
+    with torch.no_grad():
+        made.clear()
+        chunked_token_logprobs(hidden_N_D, weight_V_D, targets_N, 0.7)
+    assert len(made) == 9
 
 
 def test_chunked_logprobs_of_no_tokens_are_empty_with_zero_gradients():

@@ -14,8 +14,10 @@ and the backward recomputes each slice and writes the gradient in closed form:
     logprob = z_target - logsumexp(z)           d logprob / dz = onehot(target) - p
     entropy = logsumexp(z) - E                  d entropy / dz = -p * (z - E)
 
-Each slice of the head's weight gets its gradient once, whole; the backward costs one extra
-head matmul over the plain way.
+Each slice of the head's weight gets its gradient once, whole. Where a call's logits fit in
+``KEEP_BYTES`` (a micro-batch of short answers: 320 tokens of a 49152-entry vocabulary hold
+63 MB), the forward keeps each slice for the backward, which then runs the head's two gradient
+matmuls and nothing more; above it, the backward recomputes each slice, one head matmul more.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ TOKEN_CHUNK = 512
 VOCAB_CHUNK = 1024
 """Vocabulary entries per slice: small enough that a slice of logits and of the head's weight
 stay in cache, large enough for an efficient matmul."""
+KEEP_BYTES = 256 << 20
+"""The most float32 logits a call keeps from its forward for its backward, rather than
+recomputing them there: one head matmul of four saved for this much memory held in between."""
 
 
 def chunked_token_logprobs(
@@ -52,6 +57,10 @@ def chunked_token_logprobs(
     """
     device = hidden_N_D.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    backward = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden_N_D, head_weight_V_D, head_bias_V)
+    )
+    keep = backward and hidden_N_D.shape[0] * head_weight_V_D.shape[0] * 4 <= KEEP_BYTES
     with torch.autocast(device, enabled=False):
         return _HeadLogprobs.apply(
             hidden_N_D,
@@ -61,6 +70,7 @@ def chunked_token_logprobs(
             temperature,
             dtype,
             weight_grad_in_place,
+            keep,
         )
 
 
@@ -89,8 +99,11 @@ def _slice_params(weight_V_D, bias_V, vocab: slice, dtype):
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature, dtype, in_place):
+    def forward(ctx, hidden_N_D, weight_V_D, bias_V, targets_N, temperature, dtype, in_place, keep):
         dtype = dtype or weight_V_D.dtype
+        # With ``keep``, each slice's z - m (m: the running max when it was made) and m, by
+        # token chunk and vocabulary slice: z = kept + m, for the backward.
+        kept: list[list] | None = [] if keep else None
         N, V = hidden_N_D.shape[0], weight_V_D.shape[0]
         log_z_N = hidden_N_D.new_empty(N, dtype=torch.float32)
         picked_N = torch.empty_like(log_z_N)
@@ -100,6 +113,8 @@ class _HeadLogprobs(torch.autograd.Function):
             # Running max m, sum s of exp(z - m), and sum t of exp(z - m) * z, per token.
             m_C = torch.full_like(log_z_N[tokens], -torch.inf)
             s_C, t_C = torch.zeros_like(m_C), torch.zeros_like(m_C)
+            if kept is not None:
+                kept.append([])
             for vocab in _slices(V, VOCAB_CHUNK):
                 weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
                 z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
@@ -112,6 +127,8 @@ class _HeadLogprobs(torch.autograd.Function):
                 # sum_v e_v z_v = sum_v e_v (z_v - m) + m s: the exponent's argument serves
                 # both sums, so the slice is walked by fewer vocabulary-wide passes.
                 shifted_C_v = z_C_v.sub_(new_m_C[:, None])
+                if kept is not None:
+                    kept[-1].append((shifted_C_v, new_m_C))  # neither is written again
                 e_C_v = shifted_C_v.exp()
                 slice_s_C = e_C_v.sum(-1)
                 slice_t_C = torch.linalg.vecdot(e_C_v, shifted_C_v) + new_m_C * slice_s_C
@@ -124,7 +141,7 @@ class _HeadLogprobs(torch.autograd.Function):
         # An output no loss reads (the entropy, without an entropy term) comes back as None,
         # not zeros, and its vocabulary-wide part of the gradient is skipped.
         ctx.set_materialize_grads(False)
-        ctx.temperature, ctx.dtype, ctx.in_place = temperature, dtype, in_place
+        ctx.temperature, ctx.dtype, ctx.in_place, ctx.kept = temperature, dtype, in_place, kept
         return picked_N - log_z_N, log_z_N - expected_N
 
     @staticmethod
@@ -153,12 +170,21 @@ class _HeadLogprobs(torch.autograd.Function):
         if grad_entropy_N is not None:
             entropy_a_N = -grad_entropy_N / temperature
             entropy_b_N = -(grad_logprobs_N - grad_entropy_N * expected_N) / temperature
+        kept, ctx.kept = ctx.kept, None  # released as the slices are used
         for first, tokens in enumerate(_slices(N, TOKEN_CHUNK)):
             hidden_C_D, targets_C = hidden_N_D[tokens].to(dtype), targets_N[tokens]
             log_z_C = log_z_N[tokens, None]
-            for vocab in _slices(V, VOCAB_CHUNK):
+            for index, vocab in enumerate(_slices(V, VOCAB_CHUNK)):
                 weight_v_D, bias_v = _slice_params(weight_V_D, bias_V, vocab, dtype)
-                z_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
+                # z = base + shift: the kept slice (left as it is) and its max, or the slice
+                # made again (this loop's to overwrite) and 0.
+                if kept is None:
+                    base_C_v = _logits(hidden_C_D, weight_v_D, bias_v, temperature)
+                    shift_C1 = None
+                else:
+                    base_C_v, shift_C = kept[first][index]
+                    kept[first][index] = None
+                    shift_C1 = shift_C[:, None]
                 # dL/dz = g_logprob * onehot(target) - p * (g_logprob + g_entropy * (z - E)),
                 # and dL/dlogits = dL/dz / temperature. Per-token factors a and b fold the
                 # sign and the temperature in: minus_weight = z * a + b (a = 0 without an
@@ -166,9 +192,16 @@ class _HeadLogprobs(torch.autograd.Function):
                 if grad_entropy_N is None:
                     minus_weight_C_v = minus_g_logprob_N1[tokens]
                 else:
-                    minus_weight_C_v = torch.mul(z_C_v, entropy_a_N[tokens, None])
-                    minus_weight_C_v.add_(entropy_b_N[tokens, None])  # addcmul: 2.5x slower
-                grad_C_v = z_C_v.sub_(log_z_C).exp_().mul_(minus_weight_C_v)
+                    a_C1, b_C1 = entropy_a_N[tokens, None], entropy_b_N[tokens, None]
+                    if shift_C1 is not None:
+                        b_C1 = b_C1 + a_C1 * shift_C1
+                    minus_weight_C_v = torch.mul(base_C_v, a_C1)
+                    minus_weight_C_v.add_(b_C1)  # addcmul: 2.5x slower
+                if shift_C1 is None:
+                    grad_C_v = base_C_v.sub_(log_z_C)
+                else:
+                    grad_C_v = torch.sub(base_C_v, log_z_C - shift_C1)
+                grad_C_v = grad_C_v.exp_().mul_(minus_weight_C_v)
                 inside_C = (targets_C >= vocab.start) & (targets_C < vocab.stop)
                 offsets_C = (targets_C - vocab.start).clamp(0, grad_C_v.shape[1] - 1)
                 grad_C_v.scatter_add_(
@@ -197,6 +230,7 @@ class _HeadLogprobs(torch.autograd.Function):
             if grad_weight_V_D is None or ctx.in_place
             else grad_weight_V_D.to(weight_V_D.dtype),
             None if grad_bias_V is None else grad_bias_V.to(bias_V.dtype),
+            None,
             None,
             None,
             None,
