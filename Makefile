@@ -40,8 +40,8 @@ number-guess: setup
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 
 # Every tier in order, fastest first: unit, unit again on AVX2's code paths (where the CPU has
-# AVX-512; on an AVX2-only one the first run already took them), integration, ray (GPU included;
-# GPU tests skip without CUDA), then the vLLM tier in the vLLM venv.
+# AVX-512; on an AVX2-only one the first run already took them), integration (Ray and GPU
+# included; GPU tests skip without CUDA), then the vLLM tier in the vLLM venv.
 test: setup setup-vllm
 	@echo "==> tier unit (tests/unit)"
 	$(PY) -m pytest -q tests/unit
@@ -63,14 +63,12 @@ test-fast: setup
 test-avx2: setup
 	$(AVX2_ONLY) $(PY) -m pytest -q -p no:cacheprovider tests/unit
 
-# tests/integration two files at a time (pytest-xdist; a file's tests stay on one worker, since
-# they share its fixtures); then tests/ray, one test at a time in one process: a Ray test beside
-# others under xdist lost its cluster's GCS and took the worker down with it.
+# tests/ray, tests/gpu and tests/integration on two pytest-xdist workers, a file at a time on
+# each (a file's tests share its fixtures). The Ray files, the longest, go first so that the
+# others fill in beside them; each Ray test starts Ray instances of its own and stops only those.
 test-integration: setup
-	@echo "==> tier integration (tests/integration, two files at a time)"
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests/integration
-	@echo "==> tier ray (tests/ray tests/gpu)"
-	$(PY) -m pytest -q --durations=10 tests/ray tests/gpu
+	@echo "==> tier integration (tests/ray tests/gpu tests/integration, two files at a time)"
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests/ray tests/gpu tests/integration
 
 # Every benchmark's --smoke run (one small step each; bench/smoke.py), two at a time: does each still run?
 bench-smoke: setup

@@ -6,6 +6,7 @@ runtime_env mapping, and a second node joining over loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,23 +43,61 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class Nodes:
+    """The Ray nodes this module started, each a ``ray start --block`` in a session of its own,
+    so that stopping them ends their processes and no other Ray instance on the machine: a
+    ``ray stop`` would end every one, a test's beside this module under xdist included. They
+    are stopped as ``ray stop --force`` stops them, by SIGKILL (to their process groups): on
+    SIGTERM a head takes half a minute to end. An actor still running has a group of its own
+    and ends with its driver, which the tests have ended or shut down by then."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.started = folder, []
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> None:
+        log = self.folder / f"node{len(self.started)}.log"
+        with log.open("w") as out:
+            node = subprocess.Popen(
+                [RAY, "start", "--block", "--num-gpus=0", "--disable-usage-stats", *args],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            )  # fmt: skip
+        self.started.append(node)
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert node.poll() is None, f"ray start {' '.join(args)} failed:\n{log.read_text()}"
+            assert time.monotonic() < deadline, (
+                f"ray start {' '.join(args)} hangs:\n{log.read_text()}"
+            )
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for node in reversed(self.started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+            node.wait(timeout=120)
+
+
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """A Ray head on loopback with 3 CPUs; its address. Stopped (with any node that joined)
-    when the module's tests are done."""
-    port = free_port()
-    subprocess.run(
-        [RAY, "start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={port}",
-         "--num-cpus=3", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    address = f"{HEAD_IP}:{port}"
+def ray_nodes(tmp_path_factory):
+    nodes = Nodes(tmp_path_factory.mktemp("ray-nodes"))
     try:
-        yield address
+        yield nodes
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_nodes):
+    """A Ray head on loopback with 3 CPUs; its address. Stopped (with any node that joined)
+    when the module's tests are done."""
+    port = free_port()
+    ray_nodes.start(
+        "--head", f"--node-ip-address={HEAD_IP}", f"--port={port}", "--num-cpus=3",
+        "--include-dashboard=false",
+    )  # fmt: skip
+    return f"{HEAD_IP}:{port}"
 
 
 @pytest.fixture
@@ -339,18 +378,15 @@ def test_runtime_env_variables_reach_the_workers(home, tiny_model_dir, data, ray
         ray.shutdown()
 
 
-def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_head):
-    """Last in the module: the joined node stays until the head's fixture stops them both."""
+def test_a_second_node_joins_and_takes_a_worker(home, tiny_model_dir, data, ray_head, ray_nodes):
+    """The joined node stays until the module's fixture stops every node it started."""
     # A local Ray instance started in this process (ray.init) sets
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in os.environ, and `ray start` then refuses to join
     # a second node; a node joining a cluster on purpose says so.
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
-    joined = subprocess.run(
-        [RAY, "start", f"--address={ray_head}", f"--node-ip-address={NODE_IP}", "--num-cpus=1",
-         "--num-gpus=0", "--disable-usage-stats"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
-    assert joined.returncode == 0, f"ray start failed:\n{joined.stdout}\n{joined.stderr}"
+    ray_nodes.start(
+        f"--address={ray_head}", f"--node-ip-address={NODE_IP}", "--num-cpus=1", env=env
+    )
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address=ray_head)
