@@ -65,9 +65,9 @@ test-avx2: setup
 
 # tests/integration, tests/ray and tests/gpu on two pytest-xdist workers, a file at a time on
 # each (a file's tests share its fixtures), so the Ray files' waits are filled by other work.
-# Each Ray test starts Ray instances of its own and stops only those. (Given first, the Ray
-# files ran side by side and slowed each other: 1212 s against 1017 s in this order, on one
-# 2-core machine an hour apart.)
+# Each Ray test starts Ray instances of its own and stops only those. (With the Ray files given
+# first, two of them ran side by side: 1213 s, against 1017 and 1147 s in this order, on one
+# 2-core machine whose speed varied through those hours.)
 test-integration: setup
 	@echo "==> tier integration (tests/integration tests/ray tests/gpu, two files at a time)"
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests/integration tests/ray tests/gpu
