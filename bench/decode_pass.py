@@ -17,6 +17,12 @@ product with the weights: in each run, the products' sum, and the run less them,
 pass, after the weights streaming through the products have evicted the caches. Both are
 medians over those runs.
 
+Beside them, what bounds the products: the bytes of packed weights a pass reads (every
+layer's four products and the head), the rate the products read them at (those bytes over
+the products' time), and the rate this machine reads memory at all (the best of a few sums
+over a buffer eight times its last-level cache, on the bench's threads). Where the two rates
+are close, the products wait on memory, and only the rest is left to win at this row count.
+
 The work is fixed (no sampling, no replies that differ from one version to the next), so two
 versions of the code can be compared on it, one run of each in turn. Prints a markdown table,
 then JSON.
@@ -25,11 +31,13 @@ then JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from results import add_arguments, record, skip, smoke_defaults
@@ -44,6 +52,31 @@ def median_ms(run: Callable[[], object], repeats: int) -> float:
         run()
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e3
+
+
+def read_gbps(repeats: int, cache_bytes: int) -> float:
+    """GB/s at which this process reads memory: the best of ``repeats`` sums over a float32
+    buffer of at least 256 MiB and eight times ``cache_bytes`` (the last-level cache), so
+    nothing of it stays cached between sums."""
+    buffer = torch.ones(max(256 << 20, 8 * cache_bytes) // 4)
+    buffer.sum()  # fault the pages in first
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best / 1e9
+
+
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (sysfs), or 32 MiB where it does not say."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = index.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        with contextlib.suppress(ValueError):
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=32 << 20)
 
 
 def main() -> None:
@@ -105,6 +138,12 @@ def main() -> None:
         fused_pass.product = product
     products = statistics.median(p for p, _ in runs)
     rest = statistics.median(r for _, r in runs)
+    weights = [
+        fused.head,
+        *(w for ly in fused.layers for w in (ly.qkv, ly.output, ly.gate_up, ly.down)),
+    ]
+    weight_bytes = sum(w.nbytes for w in weights)
+    memory_gbps = read_gbps(3 if args.smoke else 10, last_level_cache())
     report = {
         "rows": args.rows,
         "dtype": args.dtype,
@@ -115,9 +154,16 @@ def main() -> None:
         "pass_ms": round(whole, 2),
         "products_ms": round(products, 2),
         "rest_ms": round(rest, 2),
+        "weights_mb": round(weight_bytes / 1e6, 1),
+        "products_read_gbps": round(weight_bytes / products / 1e6, 1),
+        "memory_read_gbps": round(memory_gbps, 1),
     }
-    print("| pass | products | rest |\n|---:|---:|---:|")
-    print(f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms |")
+    print("| pass | products | rest | weights | products read | memory reads |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {whole:.1f} ms | {products:.1f} ms | {rest:.1f} ms | {weight_bytes / 1e6:.0f} MB "
+        f"| {report['products_read_gbps']:.1f} GB/s | {memory_gbps:.1f} GB/s |"
+    )
     print(json.dumps(report))
     headline = {
         "rows": args.rows,
@@ -125,7 +171,12 @@ def main() -> None:
         "pass ms": report["pass_ms"],
         "products ms": report["products_ms"],
     }
-    record("decode_pass", args, report, headline | {"rest ms": report["rest_ms"]})
+    headline |= {
+        "rest ms": report["rest_ms"],
+        "products GB/s": report["products_read_gbps"],
+        "memory GB/s": report["memory_read_gbps"],
+    }
+    record("decode_pass", args, report, headline)
 
 
 if __name__ == "__main__":

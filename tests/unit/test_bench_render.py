@@ -229,6 +229,7 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     decode = fake("2026-12-05T09:00:00Z", "jjjjjjj", "EPYC", AVX2, 0.0)
     decode["bench"] = "decode_pass"
     decode["headline"] = {"rows": 8, "pass ms": 67.8, "products ms": 48.3, "rest ms": 19.2}
+    decode["headline"] |= {"products GB/s": 11.1, "memory GB/s": 38.6}
     results.write_record(decode, folder)
     tutorial = fake("2026-12-05T12:00:00Z", "hhhhhhh", "Xeon", AMX, 0.0)
     tutorial["bench"] = "tutorial"
@@ -278,7 +279,8 @@ def test_each_speed_goal_against_the_latest_run_of_its_bench_per_cpu_kind(files,
     left = goals.split("What is left where a goal is not met, from the same runs:")[1]
     assert left.strip().splitlines() == [
         "- torch engine / vLLM CPU, float32, AVX2-only (0.85): a float32 decode pass of 8 "
-        "rows (`decode_pass` 2026-12-05): products 48 ms, the rest 19 ms.",
+        "rows (`decode_pass` 2026-12-05): products 48 ms (reading the weights at 11 GB/s "
+        "where this machine reads memory at 39), the rest 19 ms.",
         "- torch engine / vLLM CPU, bfloat16, AMX (0.79): no `decode_pass --dtype bfloat16` "
         "run of 8 rows on this CPU kind splits the pass.",
         "- TRL float32 step / palaestra step, AMX (2.84): TRL 19.9 s, 3.98x its floor; "
