@@ -20,7 +20,7 @@ medians over those runs.
 Beside them, what bounds the products: the bytes of packed weights a pass reads (every
 layer's four products and the head), the rate the products read them at (those bytes over
 the products' time), and the rate this machine reads memory at all (the best of a few sums
-over a buffer eight times its last-level cache, on the bench's threads). Where the two rates
+over 256 MiB, past any cache, on the bench's threads). Where the two rates
 are close, the products wait on memory, and only the rest is left to win at this row count.
 
 The work is fixed (no sampling, no replies that differ from one version to the next), so two
@@ -31,13 +31,11 @@ then JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from results import add_arguments, record, skip, smoke_defaults
@@ -54,29 +52,18 @@ def median_ms(run: Callable[[], object], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def read_gbps(repeats: int, cache_bytes: int) -> float:
-    """GB/s at which this process reads memory: the best of ``repeats`` sums over a float32
-    buffer of at least 256 MiB and eight times ``cache_bytes`` (the last-level cache), so
-    nothing of it stays cached between sums."""
-    buffer = torch.ones(max(256 << 20, 8 * cache_bytes) // 4)
+def read_gbps(repeats: int) -> float:
+    """GB/s at which this process reads memory: the best of ``repeats`` sums over 256 MiB of
+    float32, past any CPU cache (``devices.measure_cpu`` times a copy the same way for the
+    plan; a sum reads only, as the products read their weights)."""
+    buffer = torch.ones(64 << 20)
     buffer.sum()  # fault the pages in first
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
         buffer.sum()
         best = min(best, time.perf_counter() - started)
-    return buffer.numel() * 4 / best / 1e9
-
-
-def last_level_cache() -> int:
-    """Bytes of the CPU's largest cache (sysfs), or 32 MiB where it does not say."""
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = index.read_text().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        with contextlib.suppress(ValueError):
-            sizes.append(int(text.rstrip("KMG")) * scale)
-    return max(sizes, default=32 << 20)
+    return buffer.nbytes / best / 1e9
 
 
 def main() -> None:
@@ -143,7 +130,7 @@ def main() -> None:
         *(w for ly in fused.layers for w in (ly.qkv, ly.output, ly.gate_up, ly.down)),
     ]
     weight_bytes = sum(w.nbytes for w in weights)
-    memory_gbps = read_gbps(3 if args.smoke else 10, last_level_cache())
+    memory_gbps = read_gbps(3 if args.smoke else 10)
     report = {
         "rows": args.rows,
         "dtype": args.dtype,
