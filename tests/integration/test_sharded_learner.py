@@ -211,22 +211,31 @@ def test_bfloat16_passes_stay_close_to_one_process():
         torch.testing.assert_close(tensor.float(), own[name].detach(), rtol=2e-2, atol=5e-3)
 
 
-def test_a_killed_rank_fails_the_call_naming_it():
+@pytest.mark.parametrize("found", ["before the call", "after its peer failed"])
+def test_a_killed_rank_fails_the_call_naming_it(found, monkeypatch):
     """A rank that dies fails the learner's next call with the rank and its pid, and the other
-    rank is stopped rather than left waiting in a collective."""
+    rank is stopped rather than left waiting in a collective. Where the survivor's collective
+    failed first ("connection reset"), the driver still names the rank that died."""
     import os
     import signal
 
+    from palaestra.train import sharded_driver
     from palaestra.train.sharded_driver import LearnerRankError
 
+    monkeypatch.setattr(sharded_driver, "DEATH_GRACE_S", 0.5)
     recipe = recipe_of(lora=False, kl=False, actor_num_gpus_per_node=2)
     sharded = ShardedLearner(functools.partial(build_parts, recipe), recipe)
     victim, survivor = sharded.processes[1], sharded.processes[0]
     try:
+        if found == "after its peer failed":
+            assert sharded._name_the_dead([0, 1]) is None  # both alive: the grace runs out
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(timeout=30)
         with pytest.raises(LearnerRankError, match=rf"learner rank 1 \(pid {victim.pid}\) died"):
-            sharded.train_step(*step_samples(1))
+            if found == "before the call":
+                sharded.train_step(*step_samples(1))
+            else:
+                sharded._name_the_dead([0, 1])
         assert not survivor.is_alive()
     finally:
         sharded.close()

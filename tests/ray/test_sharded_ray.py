@@ -50,3 +50,38 @@ def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts
     # since they do by index_select, which sums the answers' gradients in another order).
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=2e-5)
+
+
+def test_a_rank_that_died_is_named_though_its_peer_failed_first(monkeypatch):
+    from palaestra.backends.ray_sharded import RayShardedLearner
+
+    # Defined here so Ray ships them by value to workers that cannot import this module.
+    class BrokenCollective:
+        """A rank whose peer died under it: its call fails at once, as gloo's "connection
+        reset" reaches it before Ray reports the peer's death."""
+
+        def train_step(self, *args):
+            raise RuntimeError("Read error [127.0.0.1]:28563: Connection reset by peer")
+
+    class DiesSoon:
+        """A rank killed mid-step: its process exits a moment after the call starts."""
+
+        def train_step(self, *args):
+            import os
+            import time
+
+            time.sleep(2)
+            os._exit(1)
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        ranks = [
+            ray.remote(num_cpus=0.5)(BrokenCollective).remote(),
+            ray.remote(num_cpus=0.5, max_restarts=0)(DiesSoon).remote(),
+        ]
+        learner = RayShardedLearner(ranks, sync=None)
+        with pytest.raises(RuntimeError, match=r"^learner rank 1 died \(\w+\).* resume\(\)"):
+            learner.train_step([], [])
+    finally:
+        ray.shutdown()

@@ -28,7 +28,7 @@ from palaestra.backends.sharded import ShardedBuild
 from palaestra.devices import torch_device_type
 from palaestra.launch.checks import COLOCATED_SHARE, colocated
 from palaestra.recipes import RecipeNotRunnableError
-from palaestra.train.sharded_driver import BUCKET_BYTES, free_port, join_group
+from palaestra.train.sharded_driver import BUCKET_BYTES, DEATH_GRACE_S, free_port, join_group
 from palaestra.train.state import Start
 
 
@@ -181,7 +181,26 @@ class RayShardedLearner:
                 answers[index_of[ref]] = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as error:
                 raise self._died(error, index_of[ref]) from error
+            except self.ray.exceptions.RayTaskError:
+                # A rank whose peer died fails in the collective ("connection reset") often
+                # before Ray reports the death: name the rank that died if one did.
+                self._name_the_dead(pending, index_of)
+                raise
         return answers[0]
+
+    def _name_the_dead(self, pending: list, index_of: dict) -> None:
+        """Raise ``_died`` for the first of ``pending`` whose actor Ray reports dead within
+        ``DEATH_GRACE_S``; return if none is."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, pending = self.ray.wait(pending, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    self.ray.get(ref)
+                except self.ray.exceptions.RayActorError as error:
+                    raise self._died(error, index_of[ref]) from error
+                except self.ray.exceptions.RayTaskError:
+                    pass
 
     def _died(self, error: Exception, index: int | None = None) -> RuntimeError:
         which = "a learner rank" if index is None else f"learner rank {index}"

@@ -30,6 +30,9 @@ BUCKET_BYTES = 64 << 20
 """About how much of the weights one message carries from rank 0."""
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a rank waits in a collective for the others (a dead peer fails it after this)."""
+DEATH_GRACE_S = 10.0
+"""How long, after one rank failed, the driver waits for another to be reported dead, so the
+error names the rank that died rather than its peer's broken collective."""
 
 
 class LearnerRankError(RuntimeError):
@@ -144,11 +147,21 @@ class ShardedLearner:
                 if kind == "bucket" and on_bucket is not None:
                     on_bucket(value)
                 elif kind == "error":
+                    self._name_the_dead([r for r in pending if r != rank])
                     self._fail(rank, f"failed:\n{value}")
                 elif kind == "ok":
                     del pending[rank]
                     answer = value if rank == 0 else answer
         return answer
+
+    def _name_the_dead(self, ranks: list[int]) -> None:
+        """Fail naming the first of ``ranks`` whose process ends within ``DEATH_GRACE_S``:
+        a rank whose peer died fails in the collective ("connection reset"), often before the
+        dead one's sentinel is seen. Return if none ends."""
+        sentinels = {self.processes[rank].sentinel: rank for rank in ranks}
+        for ready in wait(list(sentinels), timeout=DEATH_GRACE_S):
+            rank = sentinels[ready]
+            self._fail(rank, f"died (exit code {self.processes[rank].exitcode})")
 
     def _fail(self, rank: int, what: str):
         pid = self.processes[rank].pid
