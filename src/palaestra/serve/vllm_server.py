@@ -177,14 +177,15 @@ def server_env(api_key: str | None, cuda: bool) -> dict[str, str]:
     return env
 
 
-def is_ready(url: str, name: str, api_key: str | None) -> bool:
+def is_ready(url: str, name: str, api_key: str | None, client=None) -> bool:
     """Whether the server lists ``name`` among its models. vLLM answers only once its engine
-    is up; the list also shows that LoRA adapters, served under ``name``, loaded."""
+    is up; the list also shows that LoRA adapters, served under ``name``, loaded. ``client``
+    (an ``httpx.Client``) saves building one per poll."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"{url}/v1/models", headers=headers, timeout=5)
+        response = (client or httpx).get(f"{url}/v1/models", headers=headers, timeout=5)
     except httpx.TransportError:  # not listening yet, or busy loading
         return False
     if response.status_code != 200:
