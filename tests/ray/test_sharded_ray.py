@@ -52,8 +52,9 @@ def test_two_rank_actors_match_the_one_process_run(home, tiny_model_dir, prompts
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=2e-5)
 
 
-def test_a_rank_that_died_is_named_though_its_peer_failed_first(monkeypatch):
-    from palaestra.backends.ray_sharded import RayShardedLearner
+@pytest.mark.parametrize("call", ["train_step", "weights"])
+def test_a_rank_that_died_is_named_though_its_peer_failed_first(call, monkeypatch):
+    from palaestra.backends.ray_sharded import RayShardedLearner, ShardedSync
 
     # Defined here so Ray ships them by value to workers that cannot import this module.
     class BrokenCollective:
@@ -63,8 +64,10 @@ def test_a_rank_that_died_is_named_though_its_peer_failed_first(monkeypatch):
         def train_step(self, *args):
             raise RuntimeError("Read error [127.0.0.1]:28563: Connection reset by peer")
 
+        publish = train_step
+
     class DiesSoon:
-        """A rank killed mid-step: its process exits a moment after the call starts."""
+        """A rank killed mid-call: its process exits a moment after the call starts."""
 
         def train_step(self, *args):
             import os
@@ -73,6 +76,8 @@ def test_a_rank_that_died_is_named_though_its_peer_failed_first(monkeypatch):
             time.sleep(2)
             os._exit(1)
 
+        publish = train_step
+
     monkeypatch.setenv("RAY_ADDRESS", "local")
     ray.init(num_cpus=2, include_dashboard=False)
     try:
@@ -80,8 +85,11 @@ def test_a_rank_that_died_is_named_though_its_peer_failed_first(monkeypatch):
             ray.remote(num_cpus=0.5)(BrokenCollective).remote(),
             ray.remote(num_cpus=0.5, max_restarts=0)(DiesSoon).remote(),
         ]
-        learner = RayShardedLearner(ranks, sync=None)
+        learner = RayShardedLearner(ranks, ShardedSync())
         with pytest.raises(RuntimeError, match=r"^learner rank 1 died \(\w+\).* resume\(\)"):
-            learner.train_step([], [])
+            if call == "train_step":
+                learner.train_step([], [])
+            else:
+                learner.weights()
     finally:
         ray.shutdown()

@@ -81,10 +81,8 @@ class LearnerRankActor(ActorBase):
 class ShardedSync(ObjectStoreSync):
     """``ObjectStoreSync`` over a group of ranks: all gather, rank 0's object is delivered."""
 
-    def publish(self, learner, everything: bool):
-        import ray
-
-        return ray.get([rank.publish.remote(everything) for rank in learner])[0][0]
+    def publish(self, learner: RayShardedLearner, everything: bool):
+        return learner._all("publish", everything)[0]
 
 
 class RayShardedLearner:
@@ -157,10 +155,7 @@ class RayShardedLearner:
         return answers
 
     def weights(self, everything: bool = False) -> RemoteWeights:
-        try:
-            return RemoteWeights(self.sync.publish(self.ranks, everything))
-        except self.ray.exceptions.RayActorError as error:
-            raise self._died(error) from error
+        return RemoteWeights(self.sync.publish(self, everything))
 
     def save(self, folder) -> None:
         self._all("save", str(folder))
@@ -202,11 +197,10 @@ class RayShardedLearner:
                 except self.ray.exceptions.RayTaskError:
                     pass
 
-    def _died(self, error: Exception, index: int | None = None) -> RuntimeError:
-        which = "a learner rank" if index is None else f"learner rank {index}"
+    def _died(self, error: Exception, index: int) -> RuntimeError:
         return RuntimeError(
-            f"{which} died ({type(error).__name__}); the learner's ranks share its state, so "
-            "the run fails: continue it from its last checkpoint with resume()"
+            f"learner rank {index} died ({type(error).__name__}); the learner's ranks share its "
+            "state, so the run fails: continue it from its last checkpoint with resume()"
         )
 
 
