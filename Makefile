@@ -7,8 +7,8 @@
 # build this machine's pip is pointed at) before anything that needs it, so nothing pulls a
 # multi-GB CUDA one; uv then installs the rest (the main venv's dependencies in about 7 s where
 # pip took about 65 s, no caches, 2-core AVX2 EPYC) and keeps that torch, which satisfies them.
-# uv compiles what it installs to bytecode (--compile-bytecode; pip does so by default), and
-# compileall the project's own source: where Python may not write its bytecode cache
+# Setup compiles everything to bytecode once (uv's --compile-bytecode, which pip does by default,
+# and compileall for the project's own source): where Python may not write its bytecode cache
 # (PYTHONDONTWRITEBYTECODE, a read-only install), every process compiled every module it
 # imported anew, about 2.5 s of each process's start here.
 
