@@ -15,6 +15,10 @@ gets the same bits whatever its count and place. ``product`` pads a smaller prod
 fewest and splits a larger one into calls of at most the most, so a seeded reply repeats
 whatever shares its passes, without padding the pass.
 
+On CPUs whose best kernels are AVX2, float32 weights are packed into ``panel_kernel``'s panels
+instead, and multiplied by its compiled kernel, faster for a pass's few rows; the same row
+window is found for them, and every row count holds there by construction.
+
 ``PackedLinears(model)`` packs every ``nn.Linear`` of ``model`` once (a copy of the weights in
 oneDNN's layout); ``with packed.active():`` routes those layers' forward through the packed
 copies, and leaves the module as it was after. Training never sees them. ``packed_linears``
@@ -28,6 +32,8 @@ import contextlib
 import functools
 
 import torch
+
+from palaestra.engine import panel_kernel
 
 PACKED_FOR_ROWS = 64
 """The batch size oneDNN packs the weights for."""
@@ -44,12 +50,17 @@ calls, each streaming the weight once)."""
 _windows: dict[tuple, tuple[int, int] | None] = {}
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` (``[out, in]``) copied into oneDNN's layout for ``product``."""
+def pack(weight: torch.Tensor) -> torch.Tensor | panel_kernel.Panels:
+    """``weight`` (``[out, in]``) copied into the layout ``product`` multiplies by: panels
+    where ``panel_kernel.preferred``, else oneDNN's."""
+    if panel_kernel.preferred(weight.dtype):
+        return panel_kernel.pack(weight)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR_ROWS)
 
 
-def _call(packed: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+def _call(packed, bias: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    if isinstance(packed, panel_kernel.Panels):
+        return panel_kernel.product(packed, bias, rows)
     return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
@@ -78,7 +89,7 @@ def row_window(packed: torch.Tensor) -> tuple[int, int] | None:
     the same bits whatever the count and the row's place among them, on this machine with this
     many threads; the first of ``WINDOWS`` that holds, found once per dtype and shape. None
     where none holds."""
-    key = (packed.dtype, tuple(packed.shape), torch.get_num_threads())
+    key = (type(packed), packed.dtype, tuple(packed.shape), torch.get_num_threads())
     if key not in _windows:
         _windows[key] = next((w for w in WINDOWS if _holds(packed, *w)), None)
     return _windows[key]
