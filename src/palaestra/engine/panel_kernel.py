@@ -246,8 +246,9 @@ def pack(weight: torch.Tensor) -> Panels:
     """``weight`` (float32 ``[out, in]``) copied into panels."""
     out, inputs = weight.shape
     blocks = -(-out // PANEL)
-    padded = weight.detach().new_zeros(blocks * PANEL, inputs)
-    padded[:out] = weight.detach()
+    padded = weight.detach()
+    if out % PANEL:  # zeros after the last output (a copy only for such shapes)
+        padded = torch.cat((padded, padded.new_zeros(blocks * PANEL - out, inputs)))
     panels = padded.view(blocks, PANEL, inputs).transpose(1, 2).contiguous()
     return Panels(panels, (out, inputs))
 
