@@ -23,6 +23,10 @@ the products' time), and the rate this machine reads memory at all (the best of 
 over 256 MiB, past any cache, on the bench's threads). Where the two rates
 are close, the products wait on memory, and only the rest is left to win at this row count.
 
+The products are palaestra's compiled panel kernel where the engine uses it (float32 on CPUs
+whose best kernels are AVX2, ``engine/panel_kernel.py``), else oneDNN's; the result names which.
+``PALAESTRA_PANEL_PRODUCTS=0`` in front of the command times oneDNN's on the same machine.
+
 The work is fixed (no sampling, no replies that differ from one version to the next), so two
 versions of the code can be compared on it, one run of each in turn. Prints a markdown table,
 then JSON.
@@ -68,7 +72,7 @@ def read_gbps(repeats: int) -> float:
 
 def main() -> None:
     from palaestra import SmolLM2_135M
-    from palaestra.engine import fused_pass, slot_attention
+    from palaestra.engine import fused_pass, panel_kernel, slot_attention
     from palaestra.models.loading import load_causal_lm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -130,6 +134,8 @@ def main() -> None:
         *(w for ly in fused.layers for w in (ly.qkv, ly.output, ly.gate_up, ly.down)),
     ]
     weight_bytes = sum(w.nbytes for w in weights)
+    # Whose kernel multiplies: palaestra's panels (AVX2 CPUs, PALAESTRA_PANEL_PRODUCTS) or oneDNN.
+    kernel = "panels" if isinstance(fused.head, panel_kernel.Panels) else "oneDNN"
     memory_gbps = read_gbps(3 if args.smoke else 10)
     report = {
         "rows": args.rows,
@@ -138,6 +144,7 @@ def main() -> None:
         "attention_groups": len(plan.decodes),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "products": kernel,
         "pass_ms": round(whole, 2),
         "products_ms": round(products, 2),
         "rest_ms": round(rest, 2),
@@ -155,6 +162,7 @@ def main() -> None:
     headline = {
         "rows": args.rows,
         "dtype": args.dtype,
+        "products": kernel,
         "pass ms": report["pass_ms"],
         "products ms": report["products_ms"],
     }
