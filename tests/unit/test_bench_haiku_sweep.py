@@ -24,10 +24,10 @@ def test_set_pairs_are_json_values_or_strings(sweep):
 
 def test_set_fields_override_the_preset_in_each_variant(sweep):
     preset = sweep.config_for(3e-5, 0.8, 24, 10, 42).recipe
-    assert (preset.dynamic_sampling, preset.train_micro_batch_size) == (False, 16)
-    fields = sweep.parse_fields(["dynamic_sampling=true", "train_micro_batch_size=32"])
+    assert (preset.dynamic_sampling, preset.train_micro_batch_size) == (False, 32)
+    fields = sweep.parse_fields(["dynamic_sampling=true", "train_micro_batch_size=16"])
     changed = sweep.config_for(3e-5, 0.8, 24, 10, 42, **fields)
-    assert (changed.recipe.dynamic_sampling, changed.recipe.train_micro_batch_size) == (True, 32)
+    assert (changed.recipe.dynamic_sampling, changed.recipe.train_micro_batch_size) == (True, 16)
     assert (changed.recipe.lr, changed.recipe.seed, changed.recipe.num_rollout) == (3e-5, 42, 10)
 
 
