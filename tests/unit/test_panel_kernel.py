@@ -113,3 +113,19 @@ def test_a_compiler_that_fails_is_named_with_its_last_line(fresh_build, monkeypa
         assert panel_kernel.library() is None
     (line,) = [r.getMessage() for r in caplog.records]
     assert str(failing) in line and "unrecognized option" in line
+
+
+def test_a_cache_folder_that_cannot_be_made_falls_back_naming_it(tmp_path, monkeypatch, caplog):
+    if not panel_kernel._cpu_runs_it():
+        pytest.skip("this CPU runs no AVX2 kernel: nothing is built or logged")
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would go\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    panel_kernel.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=panel_kernel.__name__):
+            assert panel_kernel.library() is None
+    finally:
+        panel_kernel.library.cache_clear()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert str(blocked) in line and "oneDNN" in line, line

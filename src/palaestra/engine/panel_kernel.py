@@ -160,56 +160,56 @@ def kernel_cache() -> Path:
     return Path(cache).expanduser() / "palaestra" / "kernels"
 
 
+class _NotBuilt(Exception):
+    """Why the kernel is not here: said in the one log line."""
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use into ``kernel_cache()`` (a file named by the
     hash of its source and flags, so it builds once per machine, in about a second); None,
-    with one log line, where this CPU cannot run it or no C compiler builds it."""
+    with one log line saying why, where this CPU cannot run it or it cannot be built or
+    loaded (no C compiler, a compiler error, a cache folder that cannot be written)."""
     if not _cpu_runs_it():
         return None
-    code = source()
-    digest = hashlib.sha256("\n".join((code, *FLAGS)).encode()).hexdigest()[:16]
-    folder = kernel_cache()
-    built = folder / f"panel-{digest}.so"
-    if not built.exists():
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            logger.warning("no C compiler (cc) here: generation uses oneDNN's products")
-            return None
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as scratch:
-            c_file, so_file = Path(scratch, "panel.c"), Path(scratch, "panel.so")
-            c_file.write_text(code)
-            try:
-                done = subprocess.run(
-                    [compiler, *FLAGS, str(c_file), "-o", str(so_file)],
-                    capture_output=True,
-                    text=True,
-                    timeout=300,
-                )
-            except (OSError, subprocess.TimeoutExpired) as error:
-                logger.warning(
-                    "%s could not build the panel kernel (%s): generation uses oneDNN's products",
-                    compiler,
-                    error,
-                )
-                return None
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                logger.warning(
-                    "%s could not build the panel kernel (%s): generation uses oneDNN's products",
-                    compiler,
-                    last,
-                )
-                return None
-            os.replace(so_file, built)  # whole, or not there: another process may race
-    lib = ctypes.CDLL(str(built))
+    try:
+        lib = ctypes.CDLL(str(_built()))
+    except (_NotBuilt, OSError) as error:
+        logger.warning("panel kernel: %s; generation uses oneDNN's products", error)
+        return None
     lib.panel_product.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
     ]  # fmt: skip
     lib.panel_product.restype = None
     return lib
+
+
+def _built() -> Path:
+    """The kernel's shared library in ``kernel_cache()``, compiled there first if missing."""
+    code = source()
+    digest = hashlib.sha256("\n".join((code, *FLAGS)).encode()).hexdigest()[:16]
+    folder = kernel_cache()
+    built = folder / f"panel-{digest}.so"
+    if built.exists():
+        return built
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise _NotBuilt("no C compiler here (cc, or $CC)")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        c_file, so_file = Path(scratch, "panel.c"), Path(scratch, "panel.so")
+        c_file.write_text(code)
+        command = [compiler, *FLAGS, str(c_file), "-o", str(so_file)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise _NotBuilt(f"{compiler} could not build it ({error})") from error
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise _NotBuilt(f"{compiler} could not build it ({last})")
+        os.replace(so_file, built)  # whole, or not there: another process may race
+    return built
 
 
 def preferred(dtype: torch.dtype) -> bool:
