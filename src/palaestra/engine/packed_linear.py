@@ -20,7 +20,7 @@ instead, and multiplied by its compiled kernel, faster for a pass's few rows; th
 window is found for them, and every row count holds there by construction.
 
 ``PackedLinears(model)`` packs every ``nn.Linear`` of ``model`` once (a copy of the weights in
-oneDNN's layout); ``with packed.active():`` routes those layers' forward through the packed
+``pack``'s layout); ``with packed.active():`` routes those layers' forward through the packed
 copies, and leaves the module as it was after. Training never sees them. ``packed_linears``
 returns ``None`` where oneDNN is missing or some weight has no row window on this machine, and
 the engine pads passes instead.
@@ -113,7 +113,7 @@ def _holds(packed: torch.Tensor, fewest: int, most: int) -> bool:
 
 @functools.cache
 def runs(dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs and multiplies weights of ``dtype`` here."""
+    """Whether ``pack`` and ``product`` work for weights of ``dtype`` here."""
     try:
         weight = torch.ones(8, 8, dtype=dtype)
         return torch.equal(_call(pack(weight), None, weight), torch.full((8, 8), 8.0).to(dtype))

@@ -3,10 +3,11 @@ compiled on this machine once.
 
 A decode pass multiplies a handful of rows (one per sequence generating) by every weight of
 the model, so it streams all the weights from memory for little arithmetic. On a 2-core AVX2
-EPYC, oneDNN's packed product (``packed_linear``) took 48 ms for the products of one 8-row pass
-through SmolLM2-135M (its 121 weights read from memory, not cache) where this kernel takes 30,
-and 97 ms for 32 rows where this takes 78 (``bench/decode_pass.py`` has the pass; the module's
-test checks the numbers it gives).
+EPYC (float32 matmul peak 143-154 GFLOP/s that hour), oneDNN's packed products
+(``packed_linear``) took 52.3 ms of one 8-row pass through SmolLM2-135M (its 121 weights read
+from memory, not cache) where this kernel took 37.5, and 96.7 ms of a 32-row pass where this
+took 84.5 (``bench/decode_pass.py --rows 8`` and ``--rows 32 --length 45 --spread 1``, one run
+of each in turn; ``tests/unit/test_panel_kernel.py`` checks the numbers it gives).
 
 The kernel is short C: a weight ``[out, in]`` is copied into panels of 16 outputs,
 ``[out / 16, in, 16]``, so a panel's weights for one input lie side by side; a tile of up to six
@@ -167,7 +168,7 @@ class _NotBuilt(Exception):
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use into ``kernel_cache()`` (a file named by the
-    hash of its source and flags, so it builds once per machine, in about a second); None,
+    hash of its source and flags, so it builds once per machine, in a second or two); None,
     with one log line saying why, where this CPU cannot run it or it cannot be built or
     loaded (no C compiler, a compiler error, a cache folder that cannot be written)."""
     if not _cpu_runs_it():
