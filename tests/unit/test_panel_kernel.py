@@ -43,6 +43,40 @@ def test_panel_products_match_float64_products(out, inputs, with_bias):
 
 
 @needs_kernel
+@pytest.mark.parametrize(
+    "shapes",
+    [[(100, 37)], [(576, 576), (192, 576), (192, 576)], [(7, 40), (3, 40)], [(16, 8), (5, 8)]],
+    ids=["one, ragged", "q k v", "parts under a panel", "a whole panel then a part"],
+)
+@pytest.mark.parametrize("scaled", [False, True], ids=["as they are", "scaled"])
+def test_pack_stacks_and_scales_in_one_pass_what_torch_would(shapes, scaled):
+    generator = torch.Generator().manual_seed(2)
+    # Rows inside wider tensors, so a part's row stride is not its width.
+    parts = [
+        torch.randn(out, inputs + 3, generator=generator)[:, :inputs] for out, inputs in shapes
+    ]
+    scale = torch.randn(shapes[0][1], generator=generator) if scaled else None
+    stacked = torch.cat(parts) if scale is None else torch.cat(parts) * scale
+    out, inputs = stacked.shape
+    blocks = -(-out // 16)
+    padded = torch.cat((stacked, stacked.new_zeros(blocks * 16 - out, inputs)))
+    want = padded.view(blocks, 16, inputs).transpose(1, 2)  # [block, input, output in block]
+    packed = panel_kernel.pack(parts if len(parts) > 1 else parts[0], scale)
+    assert packed.shape == (out, inputs)
+    assert torch.equal(packed.panels, want)
+
+
+@needs_kernel
+def test_pack_names_what_it_cannot_pack():
+    with pytest.raises(ValueError, match=r"\(4, 8\) torch.float32, \(4, 6\) torch.float32"):
+        panel_kernel.pack([torch.zeros(4, 8), torch.zeros(4, 6)])
+    with pytest.raises(ValueError, match="bfloat16"):
+        panel_kernel.pack(torch.zeros(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"a scale of shape \(6,\) for 8 inputs"):
+        panel_kernel.pack(torch.zeros(4, 8), torch.ones(6))
+
+
+@needs_kernel
 def test_a_row_gets_the_same_bits_at_any_count_and_place():
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(3072, 576, generator=generator)
@@ -63,7 +97,7 @@ def test_the_engine_packs_float32_weights_in_panels_as_the_setting_says(monkeypa
     monkeypatch.setenv(panel_kernel.SETTING, "1")
     packed = packed_linear.pack(weight)
     assert isinstance(packed, panel_kernel.Panels)
-    assert packed_linear.row_window(packed) == packed_linear.WINDOWS[0]  # the widest holds
+    assert packed_linear.row_window(packed) == packed_linear.ANY_COUNT  # nothing split
     x = torch.randn(5, 32)
     assert torch.allclose(packed_linear.product(packed, None, x), x @ weight.T, atol=1e-5)
     assert not panel_kernel.preferred(torch.bfloat16)  # float32 only

@@ -99,22 +99,11 @@ def _fused(
     *layers: torch.nn.Linear, norm: _Norm | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layers' weights stacked (one product computes all their outputs), times ``norm``'s
-    weight along their inputs where given, and packed; their biases likewise (zeros for a
-    layer without one), or None where none has one.
-
-    Packing copies the weight into oneDNN's layout, so a lone weight without a norm is packed
-    as it is, and stacked weights are scaled as they are stacked: one pass over them, not a
-    copy and then another (the engine packs every weight version, one step's in a run)."""
+    weight along their inputs where given, and packed (``packed_linear.pack``, in one pass
+    over them where it can: the engine packs every weight version, one step's in a run); their
+    biases likewise (zeros for a layer without one), or None where none has one."""
     weights = [layer.weight.detach() for layer in layers]
-    if norm is None:
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-    else:
-        scale = norm.weight.to(weights[0].dtype)
-        weight = weights[0].new_empty(sum(w.shape[0] for w in weights), weights[0].shape[1])
-        first = 0
-        for part in weights:
-            torch.mul(part, scale, out=weight[first : first + part.shape[0]])
-            first += part.shape[0]
+    scale = None if norm is None else norm.weight.to(weights[0].dtype)
     bias = None
     if any(layer.bias is not None for layer in layers):
         bias = torch.cat(
@@ -125,7 +114,7 @@ def _fused(
                 for layer in layers
             ]
         )
-    return pack(weight), bias
+    return pack(weights, scale), bias
 
 
 def _layer(layer: torch.nn.Module) -> _Layer:
@@ -169,8 +158,8 @@ class FusedPass:
         self.kv_heads = first.k_proj.out_features // first.head_dim
         self.head_dim = first.head_dim
         self.scaling = float(first.scaling)
-        # oneDNN packs a weight on one core whatever the intra-op threads, and the scaling
-        # before it is a pass over memory: the weights pack side by side, one per thread. The
+        # oneDNN packs a weight on one core whatever the intra-op threads, and so does the
+        # panel kernel's copy: the weights pack side by side, one per thread. The
         # engine packs every weight version (each step's, in a run); SmolLM2-135M on a 2-core
         # AVX2 EPYC: 0.36 s one after another, 0.28 s side by side (medians of ten builds,
         # each into freshly faulted memory, which is most of what is left). The weights are

@@ -16,8 +16,8 @@ fewest and splits a larger one into calls of at most the most, so a seeded reply
 whatever shares its passes, without padding the pass.
 
 On CPUs whose best kernels are AVX2, float32 weights are packed into ``panel_kernel``'s panels
-instead, and multiplied by its compiled kernel, faster for a pass's few rows; the same row
-window is found for them, and every row count holds there by construction.
+instead, and multiplied by its compiled kernel, faster for a pass's few rows; there every row
+count holds by construction (``ANY_COUNT``).
 
 ``PackedLinears(model)`` packs every ``nn.Linear`` of ``model`` once (a copy of the weights in
 ``pack``'s layout); ``with packed.active():`` routes those layers' forward through the packed
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 
 import torch
 
@@ -47,14 +48,34 @@ WINDOWS = tuple((fewest, most) for fewest in (1, 2, 4, 8) for most in (64, 32, 1
 pays for its padding), then the most rows per call (a prompt's prefill is split into fewer
 calls, each streaming the weight once)."""
 
+ANY_COUNT = (1, 1 << 62)
+"""The row window of panels: there a row gets the same bits at any count and place by
+construction (each output one chain of multiply-adds over its inputs in order, whatever the
+rows beside it: ``panel_kernel``, checked by ``tests/unit/test_panel_kernel.py``), so nothing
+is probed (about 0.6 s of each engine's first build, most of it in the lm head's products),
+padded or split."""
+
 _windows: dict[tuple, tuple[int, int] | None] = {}
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor | panel_kernel.Panels:
-    """``weight`` (``[out, in]``) copied into the layout ``product`` multiplies by: panels
-    where ``panel_kernel.preferred``, else oneDNN's."""
-    if panel_kernel.preferred(weight.dtype):
-        return panel_kernel.pack(weight)
+def pack(
+    weights: torch.Tensor | Sequence[torch.Tensor], scale: torch.Tensor | None = None
+) -> torch.Tensor | panel_kernel.Panels:
+    """``weights`` (``[out, in]``, or several stacked along their outputs), each input times
+    ``scale[input]`` where given (a norm folded in), copied into the layout ``product``
+    multiplies by: panels where ``panel_kernel.preferred`` (one pass over the weights), else
+    oneDNN's (the stacked, scaled copy first where there is more than the weight itself)."""
+    parts = [weights] if isinstance(weights, torch.Tensor) else list(weights)
+    if panel_kernel.preferred(parts[0].dtype):
+        return panel_kernel.pack(parts, scale)
+    if scale is None:
+        weight = parts[0].detach() if len(parts) == 1 else torch.cat(parts)
+    else:  # scaled as they are stacked: one pass, not a copy and then another
+        weight = parts[0].new_empty(sum(part.shape[0] for part in parts), parts[0].shape[1])
+        first = 0
+        for part in parts:
+            torch.mul(part, scale, out=weight[first : first + part.shape[0]])
+            first += part.shape[0]
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR_ROWS)
 
 
@@ -88,7 +109,9 @@ def row_window(packed: torch.Tensor) -> tuple[int, int] | None:
     """(fewest, most): the row counts between which ``product`` over ``packed`` gives each row
     the same bits whatever the count and the row's place among them, on this machine with this
     many threads; the first of ``WINDOWS`` that holds, found once per dtype and shape. None
-    where none holds."""
+    where none holds. Panels hold at ``ANY_COUNT``."""
+    if isinstance(packed, panel_kernel.Panels):
+        return ANY_COUNT
     key = (type(packed), packed.dtype, tuple(packed.shape), torch.get_num_threads())
     if key not in _windows:
         _windows[key] = next((w for w in WINDOWS if _holds(packed, *w)), None)
