@@ -161,7 +161,7 @@ class FusedPass:
         # oneDNN packs a weight on one core whatever the intra-op threads, and so does the
         # panel kernel's copy: the weights pack side by side, one per thread. The
         # engine packs every weight version (each step's, in a run); SmolLM2-135M on a 2-core
-        # AVX2 EPYC: 0.36 s one after another, 0.28 s side by side (medians of ten builds,
+        # AVX2 EPYC, oneDNN's: 0.36 s one after another, 0.28 s side by side (medians of ten builds,
         # each into freshly faulted memory, which is most of what is left). The weights are
         # detached, so the threads' own autograd mode does not matter.
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
