@@ -121,7 +121,7 @@ def test_the_kernel_builds_once_and_is_kept(fresh_build, monkeypatch):
 def test_without_a_compiler_generation_falls_back_with_one_log_line(
     fresh_build, monkeypatch, caplog
 ):
-    if not panel_kernel._cpu_runs_it():
+    if not panel_kernel.cpu_runs_avx2():
         pytest.skip("this CPU runs no AVX2 kernel: nothing is built or logged")
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv(panel_kernel.SETTING, "1")
@@ -136,7 +136,7 @@ def test_without_a_compiler_generation_falls_back_with_one_log_line(
 
 
 def test_a_compiler_that_fails_is_named_with_its_last_line(fresh_build, monkeypatch, caplog):
-    if not panel_kernel._cpu_runs_it():
+    if not panel_kernel.cpu_runs_avx2():
         pytest.skip("this CPU runs no AVX2 kernel: nothing is built or logged")
     failing = fresh_build.parent.parent / "cc"
     failing.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def test_a_compiler_that_fails_is_named_with_its_last_line(fresh_build, monkeypa
 
 
 def test_a_cache_folder_that_cannot_be_made_falls_back_naming_it(tmp_path, monkeypatch, caplog):
-    if not panel_kernel._cpu_runs_it():
+    if not panel_kernel.cpu_runs_avx2():
         pytest.skip("this CPU runs no AVX2 kernel: nothing is built or logged")
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache folder would go\n")

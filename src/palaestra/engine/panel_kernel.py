@@ -26,6 +26,8 @@ Every output is one chain of fused multiply-adds over its inputs in order, from 
 bias: the same operations whatever the rows beside it, so a row gets the same bits at any count
 and place (the engine's seeded replies rely on it; ``packed_linear.row_window`` checks it).
 
+``built`` compiles it (and ``attention_kernel``'s source) into a cache kept per machine.
+
 It is used for float32 weights on CPUs whose best kernels are AVX2 (``preferred``); oneDNN's
 AVX-512 and AMX kernels are wider. ``PALAESTRA_PANEL_PRODUCTS=0`` turns it off, ``=1`` uses it
 on any CPU with AVX2 and FMA. It needs a C compiler (``$CC``, else ``cc``): where none works,
@@ -206,7 +208,7 @@ def source() -> str:
     return f"#include <immintrin.h>\n#include <stdint.h>\n\n{tiles}\n{_DRIVER}\n{_PACK}"
 
 
-def _cpu_runs_it() -> bool:
+def cpu_runs_avx2() -> bool:
     """An x86-64 CPU with AVX2 and FMA (read from /proc/cpuinfo, Linux's list of flags)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
@@ -229,7 +231,7 @@ def kernel_cache() -> Path:
     return Path(cache).expanduser() / "palaestra" / "kernels"
 
 
-class _NotBuilt(Exception):
+class NotBuilt(Exception):
     """Why the kernel is not here: said in the one log line."""
 
 
@@ -239,11 +241,11 @@ def library() -> ctypes.CDLL | None:
     hash of its source and flags, so it builds once per machine, in a second or two); None,
     with one log line saying why, where this CPU cannot run it or it cannot be built or
     loaded (no C compiler, a compiler error, a cache folder that cannot be written)."""
-    if not _cpu_runs_it():
+    if not cpu_runs_avx2():
         return None
     try:
-        lib = ctypes.CDLL(str(_built()))
-    except (_NotBuilt, OSError) as error:
+        lib = ctypes.CDLL(str(built("panel", source())))
+    except (NotBuilt, OSError) as error:
         logger.warning("panel kernel: %s; generation uses oneDNN's products", error)
         return None
     lib.panel_product.argtypes = [
@@ -258,31 +260,31 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _built() -> Path:
-    """The kernel's shared library in ``kernel_cache()``, compiled there first if missing."""
-    code = source()
+def built(name: str, code: str) -> Path:
+    """The shared library of C ``code`` in ``kernel_cache()`` (``name-<hash of code and
+    flags>.so``), compiled there first if missing; ``NotBuilt`` says why it cannot be."""
     digest = hashlib.sha256("\n".join((code, *FLAGS)).encode()).hexdigest()[:16]
     folder = kernel_cache()
-    built = folder / f"panel-{digest}.so"
-    if built.exists():
-        return built
+    library_file = folder / f"{name}-{digest}.so"
+    if library_file.exists():
+        return library_file
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        raise _NotBuilt("no C compiler here (cc, or $CC)")
+        raise NotBuilt("no C compiler here (cc, or $CC)")
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        c_file, so_file = Path(scratch, "panel.c"), Path(scratch, "panel.so")
+        c_file, so_file = Path(scratch, f"{name}.c"), Path(scratch, f"{name}.so")
         c_file.write_text(code)
         command = [compiler, *FLAGS, str(c_file), "-o", str(so_file)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as error:
-            raise _NotBuilt(f"{compiler} could not build it ({error})") from error
+            raise NotBuilt(f"{compiler} could not build it ({error})") from error
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise _NotBuilt(f"{compiler} could not build it ({last})")
-        os.replace(so_file, built)  # whole, or not there: another process may race
-    return built
+            raise NotBuilt(f"{compiler} could not build it ({last})")
+        os.replace(so_file, library_file)  # whole, or not there: another process may race
+    return library_file
 
 
 def preferred(dtype: torch.dtype) -> bool:

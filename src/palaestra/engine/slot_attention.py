@@ -30,7 +30,10 @@ same tokens alone or in a crowd (the endpoint's scores repeat):
   ``KEY_BLOCK``s, the ones past its length masked out; rows share a call over the longest
   one's blocks where they are at most ``MERGE_BLOCKS`` shorter, since padding a row's keys
   with masked ones changes none of its bits (``pads_exactly`` checks that once per dtype on
-  the machine; where it fails, only rows whose lengths round to the same blocks share);
+  the machine; where it fails, only rows whose lengths round to the same blocks share).
+  With a float32 cache on a CPU with AVX2, all decode rows instead attend in one call of a
+  compiled kernel per layer (``attention_kernel``), over each row's own keys, which also
+  writes their new keys and values: the same bits for a row whatever shares the call;
 - the linear layers see at least ``MIN_ROWS`` token rows (the plan pads with a scratch slot),
   since a one-row product takes another kernel than a many-row one. That padding costs a lone
   row about 2.5x its time (the one-row kernel is the fastest per row), so the engine asks for
@@ -47,6 +50,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from palaestra.engine import attention_kernel
 
 SLOT_ATTENTION = "palaestra_slots"
 
@@ -280,6 +285,13 @@ class SlotPlan:
         self.position_ids = torch.tensor([positions], device=device)
         self.slot_index = torch.tensor(slots, device=device)
         self.position_index = self.position_ids[0]
+        # Where the compiled kernel attends for the decode rows, it writes their keys and
+        # values too; indexing writes the rest.
+        self.kernel = first > 0 and attention_kernel.usable(kv.dtype, device, kv.head_dim)
+        self.written = first if self.kernel else 0
+        if self.kernel:
+            self.decode_slots = self.slot_index[:first]
+            self.decode_lengths = self.position_index[:first] + 1
         last += [last[-1]] * (bucket(max(len(last), self.min_rows)) - len(last))
         self.last_token = torch.tensor(last, device=device)
 
@@ -310,17 +322,33 @@ def attend(
     """``[N, heads, dim]``: the pass's N tokens attending in ``layer``, after their keys and
     values are written to their slots (and a shared prefill copied to its other slots)."""
     keys, values = plan.kv.keys[layer], plan.kv.values[layer]
-    keys[plan.slot_index, :, plan.position_index] = key_N_K_D
-    values[plan.slot_index, :, plan.position_index] = value_N_K_D
+    written = plan.written
+    if written == 0:
+        keys[plan.slot_index, :, plan.position_index] = key_N_K_D
+        values[plan.slot_index, :, plan.position_index] = value_N_K_D
+    elif written < len(plan.slot_index):
+        slots, positions = plan.slot_index[written:], plan.position_index[written:]
+        keys[slots, :, positions] = key_N_K_D[written:]
+        values[slots, :, positions] = value_N_K_D[written:]
     for source, slot, end in plan.prefixes:
         keys[slot, :, :end] = keys[source, :, :end]
         values[slot, :, :end] = values[source, :, :end]
-    if not plan.prompts and len(plan.decodes) == 1:  # one group makes the whole pass
+    out = query_N_H_D.new_empty(query_N_H_D.shape)
+    if plan.kernel:
+        rows = slice(0, written)
+        scratch = plan.kv.gather_room(torch.get_num_threads() * ((keys.shape[2] + 7) // 8 * 8))
+        attention_kernel.attend(
+            query_N_H_D[rows], key_N_K_D[rows], value_N_K_D[rows], keys, values,
+            plan.decode_slots, plan.decode_lengths, scaling, out[rows], scratch,
+        )  # fmt: skip
+        if written == len(plan.slot_index):
+            return out
+    elif not plan.prompts and len(plan.decodes) == 1:  # one group makes the whole pass
         group = plan.decodes[0]
         return decode_attention(query_N_H_D, keys, values, group, scaling, room=room(plan, group))
-    out = query_N_H_D.new_empty(query_N_H_D.shape)
-    for group in plan.decodes:
-        decode_attention(query_N_H_D, keys, values, group, scaling, out, room(plan, group))
+    else:
+        for group in plan.decodes:
+            decode_attention(query_N_H_D, keys, values, group, scaling, out, room(plan, group))
     for offset, slot, start, count in plan.prompts:
         first = start
         while first < start + count:  # chunk by chunk, each causal over the slot before it
