@@ -60,7 +60,8 @@ static inline __m256 exp_le0(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    e = _mm256_slli_epi32(e, 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
@@ -84,7 +85,8 @@ static inline __attribute__((always_inline)) void head(
     for (int64_t j = 0; j < n; j++) {
         const float *kj = k + j * dim;
         __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kj));
-        for (int64_t d = 1; d < dim / 8; d++) acc = _mm256_fmadd_ps(qv[d], _mm256_loadu_ps(kj + 8 * d), acc);
+        for (int64_t d = 1; d < dim / 8; d++)
+            acc = _mm256_fmadd_ps(qv[d], _mm256_loadu_ps(kj + 8 * d), acc);
         s[j] = hsum(acc) * scaling;
         top = s[j] > top ? s[j] : top;
     }
@@ -101,10 +103,12 @@ static inline __attribute__((always_inline)) void head(
     for (int64_t j = 0; j < n; j++) {
         __m256 w = _mm256_broadcast_ss(s + j);
         const float *vj = v + j * dim;
-        for (int64_t d = 0; d < dim / 8; d++) acc[d] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * d), acc[d]);
+        for (int64_t d = 0; d < dim / 8; d++)
+            acc[d] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * d), acc[d]);
     }
     __m256 inverse = _mm256_set1_ps(1.0f / hsum(total));
-    for (int64_t d = 0; d < dim / 8; d++) _mm256_storeu_ps(out + 8 * d, _mm256_mul_ps(acc[d], inverse));
+    for (int64_t d = 0; d < dim / 8; d++)
+        _mm256_storeu_ps(out + 8 * d, _mm256_mul_ps(acc[d], inverse));
 }
 
 /* Row r (of rows) decodes at position lengths[r] - 1 of slot slots[r]. Its query for head h
