@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from palaestra.launch import warm
 from palaestra.runs.liveness import pid_alive, process_start_time
 
 
@@ -26,8 +27,10 @@ def spawn_module(
     log: Path,
     env: dict[str, str] | None = None,
     python: str | os.PathLike | None = None,
-) -> subprocess.Popen:
-    """Start ``python -m module *args`` detached, its output appended to ``log``. ``env``
+) -> subprocess.Popen | warm.ForkedProcess:
+    """Start ``python -m module *args`` detached, its output appended to ``log``: forked from
+    a warm launcher of the same interpreter and environment where one is ready
+    (``launch.warm``), else a new process. ``env``
     adds to this process's environment (a secret goes here, never on the command line, where
     ``ps`` shows it). ``python``: another interpreter than this one (an overlay environment's,
     which reaches this environment's site-packages itself, after its own)."""
@@ -44,9 +47,13 @@ def spawn_module(
         **(env or {}),
     }
     log.parent.mkdir(parents=True, exist_ok=True)
+    interpreter = str(python or sys.executable)
+    forked = warm.spawn(interpreter, module, args, log, environment)
+    if forked is not None:
+        return forked
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [str(python or sys.executable), "-m", module, *args],
+            [interpreter, "-m", module, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
