@@ -16,8 +16,9 @@ yet, is gone, or was started for another interpreter or environment, the process
 new ``python -m``, as before.
 
 An environment matches when every variable but palaestra's own (``PALAESTRA_*``, which only
-palaestra's modules read, after the fork) and those in ``UNREAD`` is the same: a variable torch or transformers reads
-as it is imported (``OMP_NUM_THREADS``, ``HF_HOME``) then has the value the process would see.
+palaestra's modules read, after the fork) and those in ``UNREAD`` is the same: a variable
+torch or transformers reads as it is imported (``OMP_NUM_THREADS``, ``HF_HOME``) then has the
+value the process would see.
 The launcher holds one interpreter's imports in memory (about 350 MB) until the session that
 started it exits (it reads its requests from that session, and ends when they end). It forks
 only while it has a single Python thread; torch leaves one idle native thread at import, which
