@@ -14,10 +14,12 @@ embedded model and the overlay's build (which needs PyPI) are timed too.
 
 Figures per run, read from the script's own summary lines: the three average scores (base,
 after 10 steps, after 30), how many replies were three lines long at each, and the wall time
-of the whole process; besides, the largest resident memory of the script's process tree at any
-moment (all its processes together: the endpoints and the training runs), sampled every
-0.2 s from /proc; and where the time went: the training steps (each step's ``step_s`` from its
-run's metrics.jsonl, summed, and of that the rollouts, updates, weight syncs and saves) and
+of the whole process; besides, the largest memory of the script's process tree at any moment
+(all its processes together: the endpoints, the training runs and the warm launchers, each
+shared page once: proportional set sizes; records before the warm launcher summed resident
+sizes, ``peak_rss_mib``), sampled every 0.2 s from /proc; and where the time went: the
+training steps (each step's ``step_s`` from its run's metrics.jsonl, summed, and of that the
+rollouts, updates, weight syncs and saves) and
 the rest (outside the steps: imports and model loads of the endpoints and training runs,
 evaluations, the summary). The headline is the mean over the runs; the tutorial is not seeded, so a
 single run's scores move by a few points from run to run (its evaluation has five topics).
@@ -95,26 +97,31 @@ def parse_summary(output: str) -> dict[str, dict]:
     }
 
 
-def tree_rss_bytes(root: int) -> int:
-    """The resident memory of ``root`` and every process below it, from /proc (0 for a
-    process that is gone)."""
+def tree_memory_bytes(root: int) -> int:
+    """The memory of ``root`` and every process below it, from /proc: the sum of their
+    proportional set sizes (a page shared by n processes counts 1/n in each), so the pages a
+    process forked from the warm launcher shares with it count once; their resident sizes
+    where /proc gives no proportional one. 0 for a process that is gone."""
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
+            try:
+                lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+                field = "Pss:"
+            except OSError:
+                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+                field = "VmRSS:"
+            total += next(int(ln.split()[1]) for ln in lines if ln.startswith(field)) * 1024
             for task in Path(f"/proc/{pid}/task").iterdir():
                 todo.extend(int(child) for child in (task / "children").read_text().split())
-        except (OSError, ValueError):
+        except (OSError, ValueError, StopIteration):
             continue
     return total
 
 
 class PeakSampler:
-    """The largest ``tree_rss_bytes`` of a process seen while it runs, sampled every
+    """The largest ``tree_memory_bytes`` of a process seen while it runs, sampled every
     ``interval`` seconds on a thread of its own."""
 
     def __init__(self, pid: int, interval: float = 0.2):
@@ -125,7 +132,7 @@ class PeakSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self.peak = max(self.peak, tree_memory_bytes(self.pid))
 
     def stop(self) -> int:
         self._stop.set()
@@ -177,7 +184,7 @@ def run_once(script: Path, first_run: bool, index: int) -> dict:
     return {
         "seconds": round(seconds, 1),
         **time_split(steps, seconds),
-        "peak_rss_mib": round(peak / 2**20),
+        "peak_pss_mib": round(peak / 2**20),
         **{f"{stage} {key}": value for stage in STAGES for key, value in summary[stage].items()},
     }
 
@@ -227,7 +234,7 @@ def headline(runs: list[dict]) -> dict:
         ),
         "steps min": mean(r["steps s"] / 60 for r in runs),
         "outside the steps min": mean(r["outside the steps s"] / 60 for r in runs),
-        "peak MiB": max(r["peak_rss_mib"] for r in runs),
+        "peak MiB": max(r.get("peak_pss_mib", r.get("peak_rss_mib", 0)) for r in runs),
         "runs": len(runs),
     }
 
@@ -258,7 +265,7 @@ def main() -> None:
                 f"({run[f'{stage} three_lines']}/{run[f'{stage} replies']} three lines)"
                 for stage in STAGES
             )
-            + f", peak {run['peak_rss_mib']} MiB; {run['steps']} steps "
+            + f", peak {run['peak_pss_mib']} MiB; {run['steps']} steps "
             + ", ".join(f"{name} {run[f'{name} s']:.1f} s" for name, _ in PARTS)
             + f"; outside the steps {run['outside the steps s']:.1f} s"
         )

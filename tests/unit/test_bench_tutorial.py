@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,9 @@ def test_the_summary_lines_become_figures_and_the_headline_their_mean(tutorial):
     summary = tutorial.parse_summary(OUTPUT)
     assert summary["base model"] == {"score": -11.4, "three_lines": 1, "replies": 5}
     assert summary["after 30 steps"] == {"score": -5.6, "three_lines": 5, "replies": 5}
-    run = {"seconds": 300.0, "peak_rss_mib": 3900, "steps s": 240.0, "outside the steps s": 60.0}
+    run = {"seconds": 300.0, "peak_pss_mib": 3900, "steps s": 240.0, "outside the steps s": 60.0}
     run |= {f"{s} {k}": v for s in summary for k, v in summary[s].items()}
-    other = run | {"seconds": 240.0, "after 30 steps three_lines": 3, "peak_rss_mib": 4100}
+    other = run | {"seconds": 240.0, "after 30 steps three_lines": 3, "peak_pss_mib": 4100}
     other |= {"steps s": 204.0, "outside the steps s": 36.0}
     assert tutorial.headline([run, other]) == {
         "minutes": 4.5,
@@ -109,17 +110,24 @@ def test_a_missing_summary_line_is_named(tutorial):
         tutorial.parse_summary(cut)
 
 
-def test_the_memory_of_a_process_tree_counts_its_children(tutorial):
+def test_the_memory_of_a_process_tree_counts_its_children_and_shared_pages_once(tutorial):
     if not Path(f"/proc/{os.getpid()}/task").is_dir():
         pytest.skip("no /proc here")
-    alone = tutorial.tree_rss_bytes(os.getpid())
-    hold = "b = bytearray(200 * 2**20); print('ready', flush=True); import time; time.sleep(30)"
-    child = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    alone = tutorial.tree_memory_bytes(os.getpid())
+    # 200 MiB written, then a forked grandchild that shares those pages and writes none.
+    hold = (
+        "import os, time; b = bytearray(os.urandom(200 * 2**20))\n"
+        "if os.fork() == 0: time.sleep(30)\n"
+        "else: time.sleep(0.5); print('ready', flush=True); time.sleep(30)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
-        together = tutorial.tree_rss_bytes(os.getpid())
+        together = tutorial.tree_memory_bytes(os.getpid())
     finally:
-        child.kill()
+        os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-    assert together - alone > 200 * 2**20
-    assert tutorial.tree_rss_bytes(child.pid) == 0  # gone: nothing to count
+    assert 200 * 2**20 < together - alone < 300 * 2**20  # the shared 200 MiB counted once
+    assert tutorial.tree_memory_bytes(child.pid) == 0  # gone: nothing to count
