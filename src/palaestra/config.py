@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,9 +85,14 @@ class TrainConfig(BaseModel):
             check_model_folder(path)
         for tracker in metric_configs(self.metrics):
             tracker.check_installed()
-        from palaestra.plan import check_plan
+        # Refuse a run that cannot fit in memory, before any process starts: in a process
+        # forked from a warm launcher where torch is not imported here yet (launch.plan_check).
+        from palaestra.launch.plan_check import check_in_launcher
+        from palaestra.plan import OVERRIDE_ENV, check_plan
 
-        check_plan(self)  # refuses a run that cannot fit in memory, before any process starts
+        skipped = os.environ.get(OVERRIDE_ENV, "") not in ("", "0")
+        if skipped or "torch" in sys.modules or not check_in_launcher(self):
+            check_plan(self)
 
     def plan(
         self, layout: Layout | None = None, gpu: str | None = None, prompt_tokens: int | None = None

@@ -100,3 +100,32 @@ def test_a_warm_process_reports_its_exit_status_and_another_environment_starts_a
     assert replacement.ready.wait(60)
     monkeypatch.setenv(warm.SETTING, "0")
     assert type(spawn_module("exits", ["0"], tmp_path / "d.log")).__name__ == "Popen"
+
+
+@needs_linux
+def test_the_plan_check_runs_forked_from_a_ready_launcher_and_refuses_there_too(
+    tmp_path, monkeypatch, launchers, home, tiny_model_dir, prompts_file
+):
+    from palaestra.launch.plan_check import check_in_launcher
+    from palaestra.plan import PlanDoesNotFitError
+    from tests.support.tiny_runs import tiny_config
+
+    fits = tiny_config(tiny_model_dir, prompts_file)
+    assert check_in_launcher(fits) is False  # no launcher ready: the caller checks it itself
+    assert not launchers  # and none was started for it
+    (tmp_path / "sleeper.py").write_text(SLEEPER.format(ignores_sigterm=False))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("EXTRA", "env")  # the launcher's environment is the caller's
+    first = spawn_module("sleeper", ["first"], tmp_path / "first.log")
+    stop_process(first.pid, timeout=1.0, process=first)
+    (launcher,) = launchers.values()
+    assert launcher.ready.wait(60), "the launcher never said it was ready"
+    assert check_in_launcher(fits) is True
+    # Activations of 4096 sequences of 100,000 tokens: no machine here holds them.
+    huge = tiny_config(
+        tiny_model_dir, prompts_file, rollout_max_response_len=100_000, train_micro_batch_size=4096,
+        rollout_batch_size=512,
+    )  # fmt: skip
+    with pytest.raises(PlanDoesNotFitError, match="the largest term is"):
+        check_in_launcher(huge)
+    assert not any(home.glob("runs/*"))  # refused before any run folder exists

@@ -27,13 +27,15 @@ def spawn_module(
     log: Path,
     env: dict[str, str] | None = None,
     python: str | os.PathLike | None = None,
-) -> subprocess.Popen | warm.ForkedProcess:
+    warm_only: bool = False,
+) -> subprocess.Popen | warm.ForkedProcess | None:
     """Start ``python -m module *args`` detached, its output appended to ``log``: forked from
     a warm launcher of the same interpreter and environment where one is ready
     (``launch.warm``), else a new process. ``env``
     adds to this process's environment (a secret goes here, never on the command line, where
     ``ps`` shows it). ``python``: another interpreter than this one (an overlay environment's,
-    which reaches this environment's site-packages itself, after its own)."""
+    which reaches this environment's site-packages itself, after its own). ``warm_only``:
+    None rather than a new process where no launcher is ready (and none is started)."""
     path = [p for p in sys.path if p and os.path.isdir(p)]
     if python is not None:
         import site
@@ -48,8 +50,8 @@ def spawn_module(
     }
     log.parent.mkdir(parents=True, exist_ok=True)
     interpreter = str(python or sys.executable)
-    forked = warm.spawn(interpreter, module, args, log, environment)
-    if forked is not None:
+    forked = warm.spawn(interpreter, module, args, log, environment, start=not warm_only)
+    if forked is not None or warm_only:
         return forked
     with open(log, "ab") as out:
         return subprocess.Popen(

@@ -202,16 +202,24 @@ _lock = threading.Lock()
 
 
 def spawn(
-    python: str, module: str, args: list[str], log: Path, environment: dict[str, str]
+    python: str,
+    module: str,
+    args: list[str],
+    log: Path,
+    environment: dict[str, str],
+    start: bool = True,
 ) -> ForkedProcess | None:
     """``python -m module *args`` forked from a ready launcher of ``python`` and
-    ``environment``; or None, having started one for next time where none matches."""
+    ``environment``; or None, having started one for next time where none matches (unless
+    ``start`` is False)."""
     if not enabled():
         return None
     key = _key(python, environment)
     with _lock:
         launcher = _launchers.get(key[0])
         if launcher is None or launcher.key != key or launcher.process.poll() is not None:
+            if not start:
+                return None
             if launcher is not None:
                 launcher.close()
             _launchers[key[0]] = Launcher(python, environment)
