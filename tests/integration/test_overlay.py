@@ -172,3 +172,93 @@ def test_train_in_this_process_runs_the_rest_of_it_in_the_overlay(home, tiny_mod
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["reward_mean"] == 3.0  # imported from the overlay, in this process
     assert answer["prefix"] == sys.prefix  # the process kept its own Python
+
+
+SLEEPER = "import time; time.sleep(60)\n"
+
+
+def test_a_run_forks_from_the_warm_launcher_and_moves_into_its_overlay(
+    home, tiny_model_dir, tmp_path, monkeypatch
+):
+    """Where this environment's warm launcher is ready, an overlay run's worker is forked from
+    it and takes the overlay's packages itself: no cold start in the overlay's Python."""
+    from palaestra.launch import warm
+    from palaestra.launch.process import spawn_module, stop_process
+
+    if sys.platform != "linux":
+        pytest.skip("the warm launcher is Linux's")
+    warm._close_all()
+    (tmp_path / "sleeper_for_overlay.py").write_text(SLEEPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = spawn_module("sleeper_for_overlay", [], tmp_path / "sleeper.log")
+    stop_process(first.pid, timeout=1.0, process=first)
+    (launcher,) = warm._launchers.values()
+    try:
+        assert launcher.ready.wait(60), "the launcher never said it was ready"
+        wheel = write_wheel(tmp_path, "overlay_run_probe", 5)
+        data = write_topics(tmp_path / "topics.jsonl")
+        config = tiny_config(
+            tiny_model_dir,
+            data,
+            reward=probe_reward,
+            num_rollout=1,
+            image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
+        )
+        result = config.launch().result(timeout=600)
+    finally:
+        warm._close_all()
+    run = home / "runs" / result.training_run_id
+    log = (run / "train.log").read_text()
+    assert "forked from this environment's warm launcher" in log, log
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["reward_mean"] == 5.0  # the reward imported the overlay's package
+
+
+ENTER_SHADOWED = """
+import json, sys
+import overlay_run_probe  # this environment's copy (a plain module, VALUE 0), imported first
+from palaestra.launch.worker import enter_overlay
+enter_overlay(json.loads(sys.argv[1]), [sys.argv[2]])
+raise SystemExit("enter_overlay returned: it should have started the overlay's Python")
+"""
+
+
+def test_an_overlay_with_its_own_version_of_an_imported_module_starts_its_python(
+    home, tiny_model_dir, tmp_path
+):
+    """A worker that imported a module the overlay holds another version of cannot take the
+    overlay's: it starts over as the overlay's Python, whose module the reward then reads."""
+    from palaestra.launch.process import child_pythonpath
+    from palaestra.launch.training import create_run, prepare_overlay
+
+    wheel = write_wheel(tmp_path, "overlay_run_probe", 9)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "overlay_run_probe.py").write_text("VALUE = 0\n")
+    data = write_topics(tmp_path / "topics.jsonl")
+    config = tiny_config(
+        tiny_model_dir,
+        data,
+        reward=probe_reward,
+        num_rollout=1,
+        image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
+    )
+    run = create_run(config)
+    overlay = prepare_overlay(run)
+    entry = {
+        "path": str(overlay.path),
+        "digest": overlay.digest,
+        "pythonpath": child_pythonpath(overlay.python),
+    }
+    path = [str(base), *(p for p in sys.path if p)]
+    done = subprocess.run(
+        [sys.executable, "-c", ENTER_SHADOWED, json.dumps(entry), str(run.path)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "its own overlay_run_probe would come after" in done.stdout, done.stdout
+    metrics = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["reward_mean"] == 9.0  # the overlay's version, in the overlay's Python

@@ -36,16 +36,10 @@ def spawn_module(
     ``ps`` shows it). ``python``: another interpreter than this one (an overlay environment's,
     which reaches this environment's site-packages itself, after its own). ``warm_only``:
     None rather than a new process where no launcher is ready (and none is started)."""
-    path = [p for p in sys.path if p and os.path.isdir(p)]
-    if python is not None:
-        import site
-
-        sites = {*site.getsitepackages(), site.getusersitepackages()}
-        path = [p for p in path if p not in sites]  # on PYTHONPATH they would shadow its own
     environment = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(path),
+        "PYTHONPATH": child_pythonpath(python),
         **(env or {}),
     }
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -62,6 +56,20 @@ def spawn_module(
             env=environment,
             start_new_session=True,
         )
+
+
+def child_pythonpath(python: str | os.PathLike | None = None) -> str:
+    """The ``PYTHONPATH`` of a process ``spawn_module`` starts: this process's ``sys.path``
+    (a script's own folder, a test's), less this environment's site-packages where the child
+    runs another interpreter (an overlay's, which reaches them itself, after its own: on
+    ``PYTHONPATH`` they would shadow its packages)."""
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    if python is not None:
+        import site
+
+        sites = {*site.getsitepackages(), site.getusersitepackages()}
+        path = [p for p in path if p not in sites]
+    return os.pathsep.join(path)
 
 
 def process_record(process: subprocess.Popen) -> dict[str, int | None]:

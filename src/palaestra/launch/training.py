@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from palaestra.atomic import write_json_atomic
-from palaestra.launch.process import process_record, spawn_module, stop_process
+from palaestra.launch.process import (
+    child_pythonpath,
+    process_record,
+    spawn_module,
+    stop_process,
+)
+from palaestra.launch.worker import ENTER_OVERLAY
 from palaestra.runs.directory import FINAL_STATES, RunDirectory
 from palaestra.runs.handles import RunView, TrainResult, result_of
 from palaestra.runs.logs import new_lines
@@ -150,13 +156,40 @@ def spawn_worker(
     )
     log_offset = run.log_path.stat().st_size if run.log_path.is_file() else 0
     overlay = prepare_overlay(run)
-    if overlay is not None:
-        env = {**overlay.environment(), **(env or {})}
     args = [str(run.path), *(["--resume"] if resume else [])]
-    python = overlay.python if overlay is not None else None
-    process = spawn_module(WORKER, args, run.log_path, env=env, python=python)
+    process = None
+    if overlay is not None and enters_forked(run, overlay):
+        # Forked from this environment's warm launcher, the worker moves into the overlay
+        # itself (launch.worker.enter_overlay): no cold start in the overlay's Python.
+        entry = {
+            "path": str(overlay.path),
+            "digest": overlay.digest,
+            "pythonpath": child_pythonpath(overlay.python),
+        }
+        fork_env = {**(env or {}), ENTER_OVERLAY: json.dumps(entry)}
+        process = spawn_module(WORKER, args, run.log_path, env=fork_env, warm_only=True)
+    if process is None:
+        python = None
+        if overlay is not None:
+            env, python = {**overlay.environment(), **(env or {})}, overlay.python
+        process = spawn_module(WORKER, args, run.log_path, env=env, python=python)
     run.update_status(**process_record(process))
     return TrainingRun(run, process, show_output=show_output, log_offset=log_offset)
+
+
+def enters_forked(run: RunDirectory, overlay: Overlay) -> bool:
+    """Whether ``run``'s worker may start forked from this environment's warm launcher and
+    move into ``overlay`` itself: a run of one process on the local backend (Ray's actors and
+    a sharded learner's ranks start the overlay's Python themselves), whose overlay sets no
+    variables (one that torch or transformers reads at import would come too late)."""
+    recipe = json.loads((run.path / "config.json").read_text())["recipe"]
+    one_process = (
+        recipe.get("backend", "local") == "local"
+        and recipe.get("rollout_num_gpus", 0) <= 1
+        and recipe.get("actor_num_gpus_per_node", 1) == 1
+        and recipe.get("actor_num_nodes", 1) == 1
+    )
+    return one_process and not overlay.env_vars
 
 
 def prepare_overlay(run: RunDirectory) -> Overlay | None:

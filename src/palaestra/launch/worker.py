@@ -9,6 +9,7 @@ A crash of the interpreter itself (a segfault in an extension) writes its stacks
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -124,7 +125,43 @@ def install_signal_handlers() -> None:
     faulthandler.enable()
 
 
+ENTER_OVERLAY = "PALAESTRA_ENTER_OVERLAY"
+"""Set for a worker forked from this environment's warm launcher that is to run in an overlay
+(``launch.training.spawn_worker``): JSON of the overlay's folder, its digest, and the
+``PYTHONPATH`` its own Python would be started with."""
+
+
+def enter_overlay(entry: dict, argv: list[str]) -> None:
+    """Run the rest of this worker, forked from this environment's warm launcher, in the
+    overlay ``entry`` names (``launch.training.ENTER_OVERLAY``): its packages first on
+    ``sys.path``, its variables set, as ``config.train()`` runs in one. Where the overlay holds
+    its own version of a module imported here already (the launcher's), that version would
+    come too late: the worker starts over as the overlay's Python instead, as it would have
+    without a launcher."""
+    from palaestra.overlay.environment import Overlay, activate_here, shadowed_modules
+
+    overlay = Overlay(Path(entry["path"]), entry["digest"])
+    shadowed = shadowed_modules(overlay, {name.partition(".")[0] for name in sys.modules})
+    if not shadowed:
+        activate_here(overlay)
+        print("palaestra: image_overlay: forked from this environment's warm launcher")
+        return
+    print(
+        "palaestra: image_overlay: its own "
+        + ", ".join(shadowed[:3])
+        + (" and more" if len(shadowed) > 3 else "")
+        + " would come after this process imported this environment's; starting its Python",
+        flush=True,
+    )
+    env = {**os.environ, **overlay.environment(), "PYTHONPATH": entry["pythonpath"]}
+    python = str(overlay.python)
+    os.execve(python, [python, "-m", "palaestra.launch.worker", *argv], env)
+
+
 def main(argv: list[str]) -> None:
+    entry = os.environ.pop(ENTER_OVERLAY, None)
+    if entry is not None:
+        enter_overlay(json.loads(entry), argv)
     install_signal_handlers()
     from transformers.utils import logging
 

@@ -231,6 +231,35 @@ def _run(step: Step, which: str, environment: dict[str, str], log: Path) -> None
         )
 
 
+def shadowed_modules(overlay: Overlay, names) -> list[str]:
+    """Those of the top-level modules ``names`` (imported here already) that the overlay's
+    own packages provide in another version than this environment's: activating the overlay
+    would not replace them. (An installer that does not look past the overlay's own folder
+    puts the same version of a shared dependency in it: that one is no conflict.)"""
+    from importlib import metadata
+    from importlib.machinery import PathFinder
+
+    purelib = _purelib(overlay.python)
+    found = [name for name in set(names) if PathFinder.find_spec(name, [purelib])]
+    if not found:
+        return []
+    theirs: dict[str, tuple[str, str]] = {}  # top-level name -> (distribution, version)
+    for dist in metadata.distributions(path=[purelib]):
+        which = (dist.metadata["Name"], dist.version)
+        for top in {file.parts[0].removesuffix(".py") for file in dist.files or ()}:
+            theirs.setdefault(top, which)
+    shadowed = []
+    for name in found:
+        dist, version = theirs.get(name, (None, None))
+        try:
+            same = dist is not None and metadata.version(dist) == version  # this environment's
+        except metadata.PackageNotFoundError:
+            same = False
+        if not same:
+            shadowed.append(name)
+    return sorted(shadowed)
+
+
 def activate_here(overlay: Overlay) -> None:
     """Run the rest of this process in ``overlay``: its packages first on ``sys.path``, its
     variables in ``os.environ`` (for a run trained in the caller's own process)."""
