@@ -177,6 +177,19 @@ def test_train_in_this_process_runs_the_rest_of_it_in_the_overlay(home, tiny_mod
 SLEEPER = "import time; time.sleep(60)\n"
 
 
+def probe_config(model_dir, folder, value: int):
+    """One step rewarded by ``probe_reward``, whose overlay pip-installs ``overlay_run_probe``
+    with ``VALUE = value``."""
+    wheel = write_wheel(folder, "overlay_run_probe", value)
+    return tiny_config(
+        model_dir,
+        write_topics(folder / "topics.jsonl"),
+        reward=probe_reward,
+        num_rollout=1,
+        image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
+    )
+
+
 def test_a_run_forks_from_the_warm_launcher_and_moves_into_its_overlay(
     home, tiny_model_dir, tmp_path, monkeypatch
 ):
@@ -195,15 +208,7 @@ def test_a_run_forks_from_the_warm_launcher_and_moves_into_its_overlay(
     (launcher,) = warm._launchers.values()
     try:
         assert launcher.ready.wait(60), "the launcher never said it was ready"
-        wheel = write_wheel(tmp_path, "overlay_run_probe", 5)
-        data = write_topics(tmp_path / "topics.jsonl")
-        config = tiny_config(
-            tiny_model_dir,
-            data,
-            reward=probe_reward,
-            num_rollout=1,
-            image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
-        )
+        config = probe_config(tiny_model_dir, tmp_path, value=5)
         result = config.launch().result(timeout=600)
     finally:
         warm._close_all()
@@ -231,19 +236,10 @@ def test_an_overlay_with_its_own_version_of_an_imported_module_starts_its_python
     from palaestra.launch.process import child_pythonpath
     from palaestra.launch.training import create_run, prepare_overlay
 
-    wheel = write_wheel(tmp_path, "overlay_run_probe", 9)
     base = tmp_path / "base"
     base.mkdir()
     (base / "overlay_run_probe.py").write_text("VALUE = 0\n")
-    data = write_topics(tmp_path / "topics.jsonl")
-    config = tiny_config(
-        tiny_model_dir,
-        data,
-        reward=probe_reward,
-        num_rollout=1,
-        image_overlay=lambda image: image.run_commands(f"pip install --no-index {wheel}"),
-    )
-    run = create_run(config)
+    run = create_run(probe_config(tiny_model_dir, tmp_path, value=9))
     overlay = prepare_overlay(run)
     entry = {
         "path": str(overlay.path),
