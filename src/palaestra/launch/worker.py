@@ -29,8 +29,27 @@ class StopRequested(BaseException):
     """Raised in the training process by SIGTERM; BaseException so no handler swallows it."""
 
 
+STOP_AGAIN_S = 0.01
+"""How long after an ignored StopRequested the stop is signalled again."""
+
+
 def _request_stop(signum, frame) -> None:
     raise StopRequested()
+
+
+def _stop_again_if_ignored(unraisable) -> None:
+    """``sys.unraisablehook``: a SIGTERM's StopRequested that landed where Python ignores
+    exceptions (a weakref callback the garbage collector ran, a ``__del__``: "Exception
+    ignored in ...", and the run went on until the stopper's SIGKILL) is signalled again from
+    another thread, a moment later, to land in the code that was running (signalled from here,
+    it would raise in this hook, which ignores it too); anything else is reported as Python
+    would."""
+    if isinstance(unraisable.exc_value, StopRequested):
+        again = threading.Timer(STOP_AGAIN_S, os.kill, (os.getpid(), signal.SIGTERM))
+        again.daemon = True
+        again.start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _dump_stacks(signum, frame) -> None:
@@ -121,6 +140,7 @@ def install_signal_handlers() -> None:
     """SIGTERM stops the run, SIGUSR1 dumps every thread's stack, and a fatal signal (a crash
     in native code) leaves the stacks in stderr before the process dies."""
     signal.signal(signal.SIGTERM, _request_stop)
+    sys.unraisablehook = _stop_again_if_ignored
     signal.signal(signal.SIGUSR1, _dump_stacks)
     faulthandler.enable()
 
