@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,10 +87,11 @@ class TrainConfig(BaseModel):
         # Refuse a run that cannot fit in memory, before any process starts: in a process
         # forked from a warm launcher where torch is not imported here yet (launch.plan_check).
         from palaestra.launch.plan_check import check_in_launcher
-        from palaestra.plan import OVERRIDE_ENV, check_plan
+        from palaestra.plan import check_plan, plan_check_skipped
 
-        skipped = os.environ.get(OVERRIDE_ENV, "") not in ("", "0")
-        if skipped or "torch" in sys.modules or not check_in_launcher(self):
+        if plan_check_skipped():
+            return
+        if "torch" in sys.modules or not check_in_launcher(self):
             check_plan(self)
 
     def plan(

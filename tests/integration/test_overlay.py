@@ -233,22 +233,17 @@ def test_an_overlay_with_its_own_version_of_an_imported_module_starts_its_python
 ):
     """A worker that imported a module the overlay holds another version of cannot take the
     overlay's: it starts over as the overlay's Python, whose module the reward then reads."""
-    from palaestra.launch.process import child_pythonpath
     from palaestra.launch.training import create_run, prepare_overlay
+    from palaestra.launch.worker import overlay_entry
 
     base = tmp_path / "base"
     base.mkdir()
     (base / "overlay_run_probe.py").write_text("VALUE = 0\n")
     run = create_run(probe_config(tiny_model_dir, tmp_path, value=9))
-    overlay = prepare_overlay(run)
-    entry = {
-        "path": str(overlay.path),
-        "digest": overlay.digest,
-        "pythonpath": child_pythonpath(overlay.python),
-    }
+    entry = overlay_entry(prepare_overlay(run))
     path = [str(base), *(p for p in sys.path if p)]
     done = subprocess.run(
-        [sys.executable, "-c", ENTER_SHADOWED, json.dumps(entry), str(run.path)],
+        [sys.executable, "-c", ENTER_SHADOWED, entry, str(run.path)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
         capture_output=True,
         text=True,

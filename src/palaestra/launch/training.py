@@ -18,13 +18,8 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from palaestra.atomic import write_json_atomic
-from palaestra.launch.process import (
-    child_pythonpath,
-    process_record,
-    spawn_module,
-    stop_process,
-)
-from palaestra.launch.worker import ENTER_OVERLAY
+from palaestra.launch.process import process_record, spawn_module, stop_process
+from palaestra.launch.worker import ENTER_OVERLAY, overlay_entry
 from palaestra.runs.directory import FINAL_STATES, RunDirectory
 from palaestra.runs.handles import RunView, TrainResult, result_of
 from palaestra.runs.logs import new_lines
@@ -161,12 +156,7 @@ def spawn_worker(
     if overlay is not None and enters_forked(run, overlay):
         # Forked from this environment's warm launcher, the worker moves into the overlay
         # itself (launch.worker.enter_overlay): no cold start in the overlay's Python.
-        entry = {
-            "path": str(overlay.path),
-            "digest": overlay.digest,
-            "pythonpath": child_pythonpath(overlay.python),
-        }
-        fork_env = {**(env or {}), ENTER_OVERLAY: json.dumps(entry)}
+        fork_env = {**(env or {}), ENTER_OVERLAY: overlay_entry(overlay)}
         process = spawn_module(WORKER, args, run.log_path, env=fork_env, warm_only=True)
     if process is None:
         python = None

@@ -151,6 +151,19 @@ ENTER_OVERLAY = "PALAESTRA_ENTER_OVERLAY"
 ``PYTHONPATH`` its own Python would be started with."""
 
 
+def overlay_entry(overlay) -> str:
+    """``ENTER_OVERLAY``'s value for ``overlay``, read back by ``enter_overlay``."""
+    from palaestra.launch.process import child_pythonpath
+
+    return json.dumps(
+        {
+            "path": str(overlay.path),
+            "digest": overlay.digest,
+            "pythonpath": child_pythonpath(overlay.python),
+        }
+    )
+
+
 def enter_overlay(entry: dict, argv: list[str]) -> None:
     """Run the rest of this worker, forked from this environment's warm launcher, in the
     overlay ``entry`` names (``launch.training.ENTER_OVERLAY``): its packages first on
